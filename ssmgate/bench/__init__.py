@@ -1,0 +1,1 @@
+"""Benchmarks: programs that print a table and write JSON (`python -m ssmgate.bench NAME --help`)."""

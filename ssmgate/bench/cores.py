@@ -1,0 +1,230 @@
+"""Core benchmark: core x algorithm x {forward, forward+backward}.
+
+For each row it reports tokens/s, the speed-up over the `sequential` reference, the relative error
+against a float64 run of the sequential reference, the algorithm's FLOP count and the fraction of
+this machine's measured matmul FLOP/s it reaches (1 / that fraction = how many times the FLOP floor
+the run takes). Prints a table and writes JSON. `--write_auto_table` also measures every size class
+of `algorithm="auto"` and writes ssmgate/cores/auto_table.json for this backend.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import platform
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import flags
+
+from ssmgate.cores import auto, damped, rotation, scalar_decay
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("out", "runs/bench/cores.json", "Where to write the JSON results.")
+flags.DEFINE_list("shape", ["2", "2048", "8", "64", "64", "1", "16"], "b,t,h,p,n,g,r of the benchmark inputs.")
+flags.DEFINE_list("core", ["scalar_decay", "rotation", "damped"], "Cores to benchmark.")
+flags.DEFINE_list("chunk_sizes", ["32", "64", "128"], "Chunk sizes tried for the chunked algorithm.")
+flags.DEFINE_integer("reps", 5, "Timed repetitions per row (the minimum is reported).", lower_bound=1)
+flags.DEFINE_float("max_seconds", 20.0, "Stop repeating a row once this much time was spent on it.", lower_bound=0.0)
+flags.DEFINE_bool("write_auto_table", False, "Measure the auto size classes and write the auto table.")
+
+ALGORITHMS = {"scalar_decay": ("sequential", "associative", "chunked"),
+              "rotation": ("sequential", "associative", "chunked"),
+              "damped": ("sequential", "associative")}
+# Size classes of the auto table: (max_t, the t measured for it); None = no upper bound.
+AUTO_CLASSES = ((32, 32), (256, 256), (1024, 1024), (None, 2048))
+
+
+def make_inputs(core: str, b: int, t: int, h: int, p: int, n: int, g: int, r: int, seed: int = 0) -> dict:
+    """Float32 inputs in the ranges a trained Mamba-2/3 layer sees (dt in [1e-3, 1e-1], A in [-16, -1])."""
+    rng = np.random.default_rng(seed)
+    f32 = lambda a: jnp.asarray(a, jnp.float32)
+    inputs = {
+        "x": f32(rng.normal(size=(b, t, h, p))),
+        "dt": f32(np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), size=(b, t, h)))),
+        "B": f32(rng.normal(size=(b, t, g, n)) / np.sqrt(n)),
+        "C": f32(rng.normal(size=(b, t, g, n)) / np.sqrt(n)),
+        "D": f32(rng.normal(size=(h,))),
+    }
+    if core == "damped":
+        inputs["a"] = f32(rng.uniform(1.0, 16.0, size=(h,)))
+        inputs["nu"] = f32(np.pi * np.tanh(rng.normal(size=(b, t, h, r))))
+    else:
+        inputs["A"] = f32(-rng.uniform(1.0, 16.0, size=(h,)))
+    if core == "rotation":
+        inputs["theta"] = f32(np.pi * np.tanh(rng.normal(size=(b, t, h, r))))
+    if core in ("rotation", "damped"):
+        inputs["trap"] = f32(1.0 / (1.0 + np.exp(-rng.normal(size=(b, t, h)))))
+    return inputs
+
+
+def core_fn(core: str, algorithm: str, chunk_size=None):
+    """f(inputs) -> (y, final_state) for one core/algorithm, with the benchmark's fixed options."""
+    if core == "scalar_decay":
+        return lambda i: scalar_decay(i["x"], i["dt"], i["A"], i["B"], i["C"], i["D"],
+                                      algorithm=algorithm, chunk_size=chunk_size)
+    if core == "rotation":
+        return lambda i: rotation(i["x"], i["dt"], i["A"], i["B"], i["C"], i["theta"], i["D"], trap=i["trap"],
+                                  algorithm=algorithm, chunk_size=chunk_size)
+    return lambda i: damped(i["x"], i["dt"], i["a"], i["nu"], i["B"], i["C"], i["D"], regime="under",
+                            trap=i["trap"], algorithm=algorithm)
+
+
+def flop_count(core: str, algorithm: str, chunk, b, t, h, p, n, g, r) -> float:
+    """Multiply-adds counted as 2 FLOPs; forward pass. Elementwise work is counted where it is of the
+    order of the matmuls (the sequential update), ignored where it is O(t h) or O(t h Q)."""
+    if algorithm == "chunked":
+        q = chunk
+        per_group_cb = 2 * q * n * g if core == "scalar_decay" else 2 * q * (2 * r * h + (n - 2 * r) * g)
+        per_token = per_group_cb + 2 * q * h * p + 4 * h * p * n
+        return float(b * t * per_token)
+    if core == "damped":
+        # 2x2 pair update (4 mul-add per pair entry) on 2r rows, decay on the rest, readout.
+        per_token = h * p * (2 * 2 * 2 * r + (n - 2 * r)) + 2 * h * p * n + 2 * h * p * n
+    else:
+        per_token = 3 * h * p * n + 2 * h * p * n  # a*h + u B^T, then h C
+    if algorithm == "associative":
+        per_token *= 2  # the up- and down-sweep each combine ~t elements
+    return float(b * t * per_token)
+
+
+def _block(tree):
+    return jax.block_until_ready(tree)
+
+
+def time_call(fn, args, reps: int, max_seconds: float) -> float:
+    """Best wall time of `reps` calls after one warm-up (compile) call."""
+    _block(fn(args))
+    best, spent = float("inf"), 0.0
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        _block(fn(args))
+        dt = time.perf_counter() - t0
+        best, spent = min(best, dt), spent + dt
+        if spent > max_seconds:
+            break
+    return best
+
+
+def measure_matmul_flops(size: int = 2048, reps: int = 5) -> float:
+    """Best FLOP/s of a float32 size x size matmul: the machine's practical FLOP ceiling."""
+    a = jnp.asarray(np.random.default_rng(0).normal(size=(size, size)), jnp.float32)
+    mm = jax.jit(lambda m: m @ m)
+    return 2.0 * size**3 / time_call(mm, a, reps, 30.0)
+
+
+def reference_outputs(core: str, inputs: dict):
+    """The sequential algorithm in float64: the float64 reference (tests hold it to numpy loops)."""
+    with jax.enable_x64(True):
+        i64 = {k: jnp.asarray(np.asarray(v), jnp.float64) for k, v in inputs.items()}
+        y, _ = jax.jit(core_fn(core, "sequential"))(i64)
+        return np.asarray(y)
+
+
+def relative_error(y, ref) -> float:
+    return float(np.max(np.abs(np.asarray(y, np.float64) - ref)) / np.max(np.abs(ref)))
+
+
+def forward_backward(fn, inputs):
+    """jit(grad) of <y, w> with a fixed random cotangent w, w.r.t. every float input."""
+    y, _ = jax.eval_shape(fn, inputs)
+    w = jnp.asarray(np.random.default_rng(1).normal(size=y.shape), jnp.float32)
+    return jax.jit(jax.grad(lambda i: jnp.vdot(fn(i)[0], w)))
+
+
+def bench_core(core: str, shape: tuple, peak: float, chunk_sizes, reps, max_seconds, log=print) -> list[dict]:
+    b, t, h, p, n, g, r = shape
+    inputs = make_inputs(core, *shape)
+    ref = reference_outputs(core, inputs)
+    rows, seq_time = [], {}
+    for algorithm in ALGORITHMS[core]:
+        for chunk in (chunk_sizes if algorithm == "chunked" else [None]):
+            fn = core_fn(core, algorithm, chunk)
+            fwd = jax.jit(fn)
+            err = relative_error(fwd(inputs)[0], ref)
+            flops = flop_count(core, algorithm, chunk, *shape)
+            for mode, f, mult in (("fwd", fwd, 1.0), ("fwd+bwd", forward_backward(fn, inputs), 3.0)):
+                sec = time_call(f, inputs, reps, max_seconds)
+                if algorithm == "sequential":
+                    seq_time[mode] = sec
+                row = {"core": core, "algorithm": algorithm, "chunk": chunk, "mode": mode, "seconds": sec,
+                       "tokens_per_s": b * t / sec, "speedup_vs_sequential": seq_time[mode] / sec,
+                       "rel_err": err, "flops": flops * mult, "peak_fraction": flops * mult / sec / peak}
+                rows.append(row)
+                log(format_row(row))
+    return rows
+
+
+HEADER = (f"{'core':13s} {'algorithm':12s} {'chunk':>5s} {'mode':8s} {'ms':>9s} {'Mtok/s':>8s} "
+          f"{'x seq':>6s} {'rel err':>8s} {'GFLOP':>7s} {'peak %':>7s} {'x floor':>7s}")
+
+
+def format_row(row: dict) -> str:
+    chunk = "-" if row["chunk"] is None else str(row["chunk"])
+    return (f"{row['core']:13s} {row['algorithm']:12s} {chunk:>5s} {row['mode']:8s} {row['seconds'] * 1e3:9.1f} "
+            f"{row['tokens_per_s'] / 1e6:8.3f} {row['speedup_vs_sequential']:6.2f} {row['rel_err']:8.1e} "
+            f"{row['flops'] / 1e9:7.2f} {100 * row['peak_fraction']:7.1f} {1 / row['peak_fraction']:7.1f}")
+
+
+def measure_auto_table(cores, base_shape, chunk_sizes, reps, max_seconds, log=print) -> dict:
+    """Fastest forward+backward (algorithm, chunk) per core and size class on this backend."""
+    b, _, h, p, n, g, r = base_shape
+    table = {}
+    for core in cores:
+        classes = []
+        for max_t, t in AUTO_CLASSES:
+            shape = (b, t, h, p, n, g, r)
+            inputs = make_inputs(core, *shape)
+            timings = []
+            for algorithm in ALGORITHMS[core]:
+                for chunk in (chunk_sizes if algorithm == "chunked" else [None]):
+                    sec = time_call(forward_backward(core_fn(core, algorithm, chunk), inputs), inputs, reps, max_seconds)
+                    timings.append({"algorithm": algorithm, "chunk_size": chunk, "seconds": sec})
+            best = min(timings, key=lambda e: e["seconds"])
+            log(f"auto {core:13s} t<={max_t}: {best['algorithm']} (chunk {best['chunk_size']}), "
+                + ", ".join(f"{e['algorithm']}/{e['chunk_size']}={e['seconds'] * 1e3:.1f}ms" for e in timings))
+            classes.append({"max_t": max_t, "measured_t": t, "algorithm": best["algorithm"],
+                            "chunk_size": best["chunk_size"], "timings": timings})
+        table[core] = classes
+    return table
+
+
+def main(argv) -> None:
+    if len(argv) > 1:
+        raise SystemExit(f"ssmgate.bench cores: unexpected arguments {argv[1:]}")
+    try:
+        shape = tuple(int(v) for v in FLAGS.shape)
+        chunk_sizes = [int(c) for c in FLAGS.chunk_sizes]
+    except ValueError as e:
+        raise SystemExit(f"--shape and --chunk_sizes take integers: {e}")
+    if len(shape) != 7 or min(shape) < 1:
+        raise SystemExit(f"--shape takes 7 positive integers b,t,h,p,n,g,r; got {FLAGS.shape}")
+    unknown = set(FLAGS.core) - set(ALGORITHMS)
+    if unknown:
+        raise SystemExit(f"--core: unknown {sorted(unknown)}; expected a subset of {sorted(ALGORITHMS)}")
+    log = lambda s: print(s, flush=True)
+    backend = jax.default_backend()
+    peak = measure_matmul_flops()
+    log(f"backend {backend} ({platform.processor() or platform.machine()}, {jax.device_count()} device(s)); "
+        f"measured float32 matmul peak {peak / 1e9:.1f} GFLOP/s; b,t,h,p,n,g,r = {shape}")
+    log(HEADER)
+    rows = []
+    for core in FLAGS.core:
+        rows += bench_core(core, shape, peak, chunk_sizes, FLAGS.reps, FLAGS.max_seconds, log)
+    result = {"backend": backend, "device": str(jax.devices()[0]), "jax": jax.__version__,
+              "python": sys.version.split()[0], "matmul_peak_flops": peak,
+              "shape": dict(zip("b t h p n g r".split(), shape)), "rows": rows}
+    if FLAGS.write_auto_table:
+        measured = measure_auto_table(FLAGS.core, shape, chunk_sizes, max(1, FLAGS.reps // 2), FLAGS.max_seconds, log)
+        table = dict(auto.load_table())
+        table[backend] = {**table.get(backend, {}), **measured}
+        auto.TABLE_PATH.write_text(json.dumps(table, indent=1) + "\n")
+        auto.load_table.cache_clear()
+        result["auto_table"] = measured
+        log(f"wrote {auto.TABLE_PATH}")
+    out = pathlib.Path(FLAGS.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    log(f"wrote {out}")

@@ -1,0 +1,211 @@
+"""Decay-rotation core: the Mamba-3 SISO recurrence of the official reference code.
+
+Per head, with a_t = exp(dt_t A_t), lambda_t the trapezoid weight (None: Euler, lambda = 1):
+  phase_t = (phase_{t-1} + dt_t theta_t) mod 2 pi                    (b, h, r), r <= n / 2
+  B~_t = R(phase_t) B_t, C~_t = R(phase_t) C_t on interleaved pairs (2i, 2i+1), i < r
+  h_t = a_t h_{t-1} + (1 - lambda_t) dt_t a_t x_{t-1} B~_{t-1}^T + lambda_t dt_t x_t B~_t^T
+  y_t = h_t C~_t + D x_t
+The state lives in rotated-B coordinates (SPEC 1.3.1): history is only scaled, every rotation is
+carried by B~ and C~. The final state carries (phase, h, B~_T, x_T) so a split run equals the whole.
+"""
+from __future__ import annotations
+
+import functools
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ssmgate.cores import _checks
+from ssmgate.cores._ssd import associative_states, chunked_ssd, expand_groups
+from ssmgate.cores.auto import choose
+
+CORE = "rotation"
+TWO_PI = 2.0 * np.pi
+
+
+class RotationState(NamedTuple):
+    """phase (b, h, r) in [0, 2 pi); h (b, h, p, n); B_prev (b, h, n) = B~ of the last token;
+    x_prev (b, h, p) = x of the last token (both feed the next token's trapezoid term)."""
+
+    phase: jax.Array
+    h: jax.Array
+    B_prev: jax.Array
+    x_prev: jax.Array
+
+    @classmethod
+    def zeros(cls, b: int, h: int, p: int, n: int, r: int, dtype=jnp.float32) -> "RotationState":
+        return cls(jnp.zeros((b, h, r), dtype), jnp.zeros((b, h, p, n), dtype),
+                   jnp.zeros((b, h, n), dtype), jnp.zeros((b, h, p), dtype))
+
+
+def rotate_pairs(v, cos, sin):
+    """Rotates interleaved pairs (2i, 2i+1), i < r = cos.shape[-1], of v (..., n) by the angle:
+    (v0, v1) -> (v0 cos - v1 sin, v0 sin + v1 cos); channels >= 2r pass unchanged."""
+    r = cos.shape[-1]
+    if r == 0:
+        return v
+    pairs = v[..., : 2 * r].reshape(*v.shape[:-1], r, 2)
+    v0, v1 = pairs[..., 0], pairs[..., 1]
+    rotated = jnp.stack([v0 * cos - v1 * sin, v0 * sin + v1 * cos], axis=-1).reshape(*v.shape[:-1], 2 * r)
+    return jnp.concatenate([rotated, v[..., 2 * r:]], axis=-1)
+
+
+def cumulative_phase(increments_bthr, phase0_bhr):
+    """phase_t = (phase_{t-1} + inc_t) mod 2 pi for all t, in log depth. Reducing mod 2 pi at every
+    combine keeps every partial sum in [0, 4 pi), so float32 phases stay accurate to ~1e-6 rad at
+    any length (a plain cumsum reaches thousands of radians and loses 1e-4 rad)."""
+    inc = increments_bthr.at[:, 0].add(phase0_bhr)
+    return jax.lax.associative_scan(lambda a, b: jnp.mod(a + b, TWO_PI), inc, axis=1)
+
+
+def _check_state(core, state, b, h, p, n, r):
+    if not isinstance(state, RotationState):
+        raise TypeError(
+            f"{core}: argument 'initial_state' is a {type(state).__name__}; expected a RotationState "
+            f"(phase, h, B_prev, x_prev), e.g. the final_state of a previous call or RotationState.zeros(...)")
+    for name, arr, shape, axes in (("phase", state.phase, (b, h, r), "(b, h, r)"),
+                                   ("h", state.h, (b, h, p, n), "(b, h, p, n)"),
+                                   ("B_prev", state.B_prev, (b, h, n), "(b, h, n)"),
+                                   ("x_prev", state.x_prev, (b, h, p), "(b, h, p)")):
+        _checks.check_state_array(core, f"initial_state.{name}", arr, shape, axes)
+
+
+def _step(state, x, dt, A, B, C, theta, lam, D):
+    """One token in the compute dtype. lam is None for Euler."""
+    heads = x.shape[1]
+    phase = jnp.mod(state.phase + dt[..., None] * theta, TWO_PI)
+    cos, sin = jnp.cos(phase), jnp.sin(phase)
+    B_rot = rotate_pairs(expand_groups(B, heads), cos, sin)
+    C_rot = rotate_pairs(expand_groups(C, heads), cos, sin)
+    a = jnp.exp(dt * A)
+    gamma = dt if lam is None else lam * dt
+    h = a[..., None, None] * state.h + (gamma[..., None] * x)[..., None] * B_rot[:, :, None, :]
+    if lam is not None:
+        beta = (1.0 - lam) * dt * a
+        h = h + (beta[..., None] * state.x_prev)[..., None] * state.B_prev[:, :, None, :]
+    y = jnp.einsum("bhpn,bhn->bhp", h, C_rot)
+    if D is not None:
+        y = y + D[:, None] * x
+    return y, RotationState(phase, h, B_rot, x)
+
+
+def rotation_step(state, x, dt, A, B, C, theta, D=None, *, trap=None):
+    """One decoding step. state: RotationState or None; x (b, h, p); dt (b, h); A (h,) or (b, h);
+    B, C (b, g, n); theta (b, h, r); trap (b, h) or None. Returns (y (b, h, p), new state)."""
+    core = "rotation_step"
+    b, h, p, g, n = _checks.check_step_inputs(core, x, dt, A, B, C, D)
+    r = _checks.check_pairs(core, "theta", theta, (b, h), n, "(b, h, r)")
+    _checks.check_trap(core, trap, (b, h), "(b, h)")
+    cdt = _checks.compute_dtype(x, dt, A, B, C, theta, D, trap)
+    if state is None:
+        state = RotationState.zeros(b, h, p, n, r, cdt)
+    else:
+        _check_state(core, state, b, h, p, n, r)
+    c = functools.partial(_checks.cast, dtype=cdt)
+    y, new = _step(RotationState(*(c(v) for v in state)), c(x), c(dt), jnp.broadcast_to(c(A), (b, h)),
+                   c(B), c(C), c(theta), c(trap), c(D))
+    return y.astype(x.dtype), new
+
+
+def _sequential(x, dt, A, B, C, theta, lam, D, state0):
+    def body(state, inputs):
+        y, state = _step(state, *inputs[:6], None if lam is None else inputs[6], D)
+        return state, y
+
+    seq = [x, dt, A, B, C, theta] + ([] if lam is None else [lam])
+    final, ys = jax.lax.scan(body, state0, tuple(jnp.moveaxis(a, 1, 0) for a in seq))
+    return jnp.moveaxis(ys, 0, 1), final
+
+
+def _phases(dt, theta, phase0):
+    phase = cumulative_phase(dt[..., None] * theta, phase0)
+    return phase, jnp.cos(phase), jnp.sin(phase)
+
+
+def _final_state(phase, B, cos, sin, h_final, x):
+    B_last = rotate_pairs(expand_groups(B[:, -1], x.shape[2]), cos[:, -1], sin[:, -1])
+    return RotationState(jnp.mod(phase[:, -1], TWO_PI), h_final, B_last, x[:, -1])
+
+
+def _associative(x, dt, A, B, C, theta, lam, D, state0):
+    heads = x.shape[2]
+    phase, cos, sin = _phases(dt, theta, state0.phase)
+    B_rot = rotate_pairs(expand_groups(B, heads), cos, sin)
+    C_rot = rotate_pairs(expand_groups(C, heads), cos, sin)
+    a = jnp.exp(dt * A)
+    gamma = dt if lam is None else lam * dt
+    write = x[..., None] * B_rot[:, :, :, None, :]  # x_t B~_t^T: (b, t, h, p, n)
+    inc = gamma[..., None, None] * write
+    if lam is not None:
+        first = (state0.x_prev[..., None] * state0.B_prev[:, :, None, :])[:, None]
+        prev = jnp.concatenate([first, write[:, :-1]], axis=1)
+        inc = inc + ((1.0 - lam) * dt * a)[..., None, None] * prev
+    states = associative_states(a, inc, state0.h)
+    y = jnp.einsum("bthpn,bthn->bthp", states, C_rot)
+    if D is not None:
+        y = y + D[:, None] * x
+    return y, _final_state(phase, B, cos, sin, states[:, -1], x)
+
+
+def _chunked(x, dt, A, B, C, theta, lam, D, state0, chunk):
+    heads, r, n = x.shape[2], theta.shape[-1], B.shape[-1]
+    phase, cos, sin = _phases(dt, theta, state0.phase)
+    # Rotated channels are per head (the phase depends on dt); the rest keep their groups, so their
+    # C B^T is shared by the heads of a group as in scalar_decay.
+    blocks = []
+    if r:
+        blocks.append((rotate_pairs(expand_groups(B[..., : 2 * r], heads), cos, sin),
+                       rotate_pairs(expand_groups(C[..., : 2 * r], heads), cos, sin)))
+    if 2 * r < n:
+        blocks.append((B[..., 2 * r:], C[..., 2 * r:]))
+    h0, xdiag = state0.h, None
+    if lam is None:
+        scale = dt
+    else:
+        # Token s enters the state with weight gamma_s at s and gamma_s + (1 - lambda_{s+1}) dt_{s+1}
+        # from s+1 on (the trapezoid's shifted term, already decayed by a_{s+1}); the diagonal keeps gamma_s.
+        carry = (1.0 - lam) * dt
+        nxt = jnp.concatenate([carry[:, 1:], jnp.zeros_like(carry[:, :1])], axis=1)
+        scale = lam * dt + nxt
+        xdiag = -nxt[..., None] * x
+        h0 = h0 + (carry[:, 0][..., None] * state0.x_prev)[..., None] * state0.B_prev[:, :, None, :]
+    y, h_final = chunked_ssd(x * scale[..., None], dt * A, blocks, h0, chunk, xdiag)
+    if D is not None:
+        y = y + D[:, None] * x
+    return y, _final_state(phase, B, cos, sin, h_final, x)
+
+
+def rotation(x, dt, A, B, C, theta, D=None, *, trap=None, initial_state=None, algorithm="auto", chunk_size=None):
+    """Runs the Mamba-3 SISO decay-rotation recurrence; returns (y, final_state: RotationState).
+
+    theta (b, t, h, r), r <= n/2: angle per unit dt in radians (a model applies pi*tanh to its
+    projection). trap (b, t, h) in [0, 1] or None (Euler). Other arguments as scalar_decay.
+    """
+    _checks.check_algorithm(CORE, algorithm)
+    _checks.check_chunk_size(CORE, chunk_size)
+    b, t, h, p, g, n = _checks.check_ssm_inputs(CORE, x, dt, A, B, C, D)
+    r = _checks.check_pairs(CORE, "theta", theta, (b, t, h), n)
+    _checks.check_trap(CORE, trap, (b, t, h))
+    cdt = _checks.compute_dtype(x, dt, A, B, C, theta, D, trap)
+    if initial_state is None:
+        state0 = RotationState.zeros(b, h, p, n, r, cdt)
+    else:
+        _check_state(CORE, initial_state, b, h, p, n, r)
+        state0 = RotationState(*(_checks.cast(a, cdt) for a in initial_state))
+    if algorithm == "auto":
+        algorithm, auto_chunk = choose(CORE, t)
+        chunk_size = chunk_size or auto_chunk
+    A = jnp.broadcast_to(A, (b, t, h)) if A.ndim == 1 else A
+    args = [_checks.cast(a, cdt) for a in (x, dt, A, B, C, theta)]
+    lam = _checks.cast(trap, cdt)
+    Dc = _checks.cast(D, cdt)
+    if algorithm == "sequential":
+        y, final = _sequential(*args, lam, Dc, state0)
+    elif algorithm == "associative":
+        y, final = _associative(*args, lam, Dc, state0)
+    else:
+        y, final = _chunked(*args, lam, Dc, state0, chunk_size or 64)
+    return y.astype(x.dtype), final
