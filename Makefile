@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SCALE ?= quick
 BENCH_OUT ?= runs/bench
 
-.PHONY: venv test test-slow bench reproduce clean
+.PHONY: venv test test-slow bench bench-docs reproduce clean
 
 venv: $(STAMP)
 
@@ -28,9 +28,14 @@ test-slow: venv
 bench: venv
 	$(PY) -m ssmgate.bench cores --out $(BENCH_OUT)/cores.json
 
-# The main job. Until the first reproduction lands (issue #3) it runs the core benchmark.
+# Regenerates docs/benchmarks.md and the measured auto table (ssmgate/cores/auto_table.json).
+bench-docs: venv
+	$(PY) -m ssmgate.bench cores --out $(BENCH_OUT)/cores.json --write_auto_table --docs docs/benchmarks.md
+
+# The main job. Until the first reproduction lands (issue #3) it runs the core benchmark and writes
+# runs/reproduce/report.md.
 reproduce: venv
-	$(PY) -m ssmgate.bench cores --out runs/reproduce/cores.json
+	$(PY) -m ssmgate.bench cores --out runs/reproduce/cores.json --report runs/reproduce/report.md
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -9,6 +9,7 @@ of `algorithm="auto"` and writes ssmgate/cores/auto_table.json for this backend.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import platform
 import sys
@@ -29,6 +30,9 @@ flags.DEFINE_list("chunk_sizes", ["32", "64", "128"], "Chunk sizes tried for the
 flags.DEFINE_integer("reps", 5, "Timed repetitions per row (the minimum is reported).", lower_bound=1)
 flags.DEFINE_float("max_seconds", 20.0, "Stop repeating a row once this much time was spent on it.", lower_bound=0.0)
 flags.DEFINE_bool("write_auto_table", False, "Measure the auto size classes and write the auto table.")
+flags.DEFINE_string("report", None, "Markdown file to write this run's tables to (overwritten).")
+flags.DEFINE_string("docs", None, "Markdown file whose block between the markers "
+                    "'<!-- bench:cores -->' and '<!-- /bench:cores -->' is replaced by this run's tables.")
 
 ALGORITHMS = {"scalar_decay": ("sequential", "associative", "chunked"),
               "rotation": ("sequential", "associative", "chunked"),
@@ -88,6 +92,16 @@ def flop_count(core: str, algorithm: str, chunk, b, t, h, p, n, g, r) -> float:
     if algorithm == "associative":
         per_token *= 2  # the up- and down-sweep each combine ~t elements
     return float(b * t * per_token)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _block(tree):
@@ -168,6 +182,40 @@ def format_row(row: dict) -> str:
             f"{row['flops'] / 1e9:7.2f} {100 * row['peak_fraction']:7.1f} {1 / row['peak_fraction']:7.1f}")
 
 
+def markdown_tables(result: dict) -> str:
+    """The run as markdown: the main table and, if measured, the auto table."""
+    sh = result["shape"]
+    lines = [f"Measured on `{result['device']}` ({result['cpu']}, {result['cores']} cores), jax {result['jax']}, "
+             f"float32, b={sh['b']} t={sh['t']} h={sh['h']} p={sh['p']} n={sh['n']} g={sh['g']} r={sh['r']}; "
+             f"matmul peak {result['matmul_peak_flops'] / 1e9:.1f} GFLOP/s. Command: `{result['command']}`.", "",
+             "| core | algorithm | chunk | pass | ms | Mtok/s | × sequential | rel. err | GFLOP | % of peak | × floor |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['core']} | {r['algorithm']} | {r['chunk'] or '-'} | {r['mode']} | {r['seconds'] * 1e3:.1f} | "
+                     f"{r['tokens_per_s'] / 1e6:.3f} | {r['speedup_vs_sequential']:.2f} | {r['rel_err']:.1e} | "
+                     f"{r['flops'] / 1e9:.2f} | {100 * r['peak_fraction']:.1f} | {1 / r['peak_fraction']:.1f} |")
+    if "auto_table" in result:
+        lines += ["", "`auto` (fastest forward+backward per size class, b, h, p, n, g, r as above):", "",
+                  "| core | t ≤ | measured t | choice | all timings (ms) |", "|---|---|---|---|---|"]
+        for core, classes in result["auto_table"].items():
+            for c in classes:
+                timings = ", ".join(f"{e['algorithm']}{'/' + str(e['chunk_size']) if e['chunk_size'] else ''} "
+                                    f"{e['seconds'] * 1e3:.1f}" for e in c["timings"])
+                choice = c["algorithm"] + (f" (chunk {c['chunk_size']})" if c["chunk_size"] else "")
+                lines.append(f"| {core} | {c['max_t'] or '∞'} | {c['measured_t']} | {choice} | {timings} |")
+    return "\n".join(lines)
+
+
+def update_docs(path: str, block: str) -> None:
+    start, end = "<!-- bench:cores -->", "<!-- /bench:cores -->"
+    p = pathlib.Path(path)
+    text = p.read_text() if p.exists() else ""
+    if start not in text or end not in text:
+        raise SystemExit(f"--docs: {path} has no '{start}' ... '{end}' block to replace")
+    head, rest = text.split(start, 1)
+    p.write_text(head + start + "\n" + block + "\n" + end + rest.split(end, 1)[1])
+
+
 def measure_auto_table(cores, base_shape, chunk_sizes, reps, max_seconds, log=print) -> dict:
     """Fastest forward+backward (algorithm, chunk) per core and size class on this backend."""
     b, _, h, p, n, g, r = base_shape
@@ -207,13 +255,14 @@ def main(argv) -> None:
     log = lambda s: print(s, flush=True)
     backend = jax.default_backend()
     peak = measure_matmul_flops()
-    log(f"backend {backend} ({platform.processor() or platform.machine()}, {jax.device_count()} device(s)); "
+    log(f"backend {backend} ({_cpu_name()}, {os.cpu_count()} cores); "
         f"measured float32 matmul peak {peak / 1e9:.1f} GFLOP/s; b,t,h,p,n,g,r = {shape}")
     log(HEADER)
     rows = []
     for core in FLAGS.core:
         rows += bench_core(core, shape, peak, chunk_sizes, FLAGS.reps, FLAGS.max_seconds, log)
     result = {"backend": backend, "device": str(jax.devices()[0]), "jax": jax.__version__,
+              "cpu": _cpu_name(), "cores": os.cpu_count(), "command": " ".join(["python -m ssmgate.bench"] + sys.argv[1:]),
               "python": sys.version.split()[0], "matmul_peak_flops": peak,
               "shape": dict(zip("b t h p n g r".split(), shape)), "rows": rows}
     if FLAGS.write_auto_table:
@@ -224,6 +273,14 @@ def main(argv) -> None:
         auto.load_table.cache_clear()
         result["auto_table"] = measured
         log(f"wrote {auto.TABLE_PATH}")
+    if FLAGS.report:
+        report = pathlib.Path(FLAGS.report)
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text("# Core benchmark\n\n" + markdown_tables(result) + "\n")
+        log(f"wrote {report}")
+    if FLAGS.docs:
+        update_docs(FLAGS.docs, markdown_tables(result))
+        log(f"updated {FLAGS.docs}")
     out = pathlib.Path(FLAGS.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")

@@ -127,14 +127,14 @@ def _check_regime(core, regime, overdamped_c):
                          "(c >= 1 would make the slow mode -a + r non-negative)")
 
 
-def _check_state(core, state, b, h, p, n):
+def _check_state(core, state, b, h, p, n, arg="initial_state"):
     if not isinstance(state, DampedState):
-        raise TypeError(f"{core}: argument 'initial_state' is a {type(state).__name__}; expected a DampedState "
+        raise TypeError(f"{core}: argument '{arg}' is a {type(state).__name__}; expected a DampedState "
                         "(h, B_prev, x_prev), e.g. the final_state of a previous call or DampedState.zeros(...)")
     for name, arr, shape, axes in (("h", state.h, (b, h, p, n), "(b, h, p, n)"),
                                    ("B_prev", state.B_prev, (b, h, n), "(b, h, n)"),
                                    ("x_prev", state.x_prev, (b, h, p), "(b, h, p)")):
-        _checks.check_state_array(core, f"initial_state.{name}", arr, shape, axes)
+        _checks.check_state_array(core, f"{arg}.{name}", arr, shape, axes)
 
 
 def damped_step(state, x, dt, a, nu, B, C, D=None, *, regime, overdamped_c=0.9, trap=None):
@@ -149,7 +149,7 @@ def damped_step(state, x, dt, a, nu, B, C, D=None, *, regime, overdamped_c=0.9, 
     if state is None:
         state = DampedState.zeros(b, h, p, n, cdt)
     else:
-        _check_state(core, state, b, h, p, n)
+        _check_state(core, state, b, h, p, n, arg="state")
     c = functools.partial(_checks.cast, dtype=cdt)
     y, new = _step(DampedState(*(c(v) for v in state)), c(x), c(dt), jnp.broadcast_to(c(a), (b, h)),
                    c(nu), c(B), c(C), c(trap), c(D), regime, overdamped_c)

@@ -23,11 +23,11 @@ from ssmgate.cores._ssd import associative_states, chunked_ssd, expand_groups
 from ssmgate.cores.auto import choose
 
 CORE = "rotation"
-TWO_PI = 2.0 * np.pi
+TWO_PI = 2.0 * np.pi  # float32(2 pi) when it meets float32 phases: see cumulative_phase
 
 
 class RotationState(NamedTuple):
-    """phase (b, h, r) in [0, 2 pi); h (b, h, p, n); B_prev (b, h, n) = B~ of the last token;
+    """phase (b, h, r) reduced mod 2 pi; h (b, h, p, n); B_prev (b, h, n) = B~ of the last token;
     x_prev (b, h, p) = x of the last token (both feed the next token's trapezoid term)."""
 
     phase: jax.Array
@@ -54,23 +54,29 @@ def rotate_pairs(v, cos, sin):
 
 
 def cumulative_phase(increments_bthr, phase0_bhr):
-    """phase_t = (phase_{t-1} + inc_t) mod 2 pi for all t, in log depth. Reducing mod 2 pi at every
-    combine keeps every partial sum in [0, 4 pi), so float32 phases stay accurate to ~1e-6 rad at
-    any length (a plain cumsum reaches thousands of radians and loses 1e-4 rad)."""
+    """phase_t = (phase_{t-1} + inc_t) mod 2 pi for all t, in log depth.
+
+    Reducing at every combine keeps partial sums below 4 pi, so each combine rounds by ~1e-7 rad
+    (a plain cumsum reaches thousands of radians over long sequences, where float32 resolves only
+    ~1e-4 rad). In float32 the modulus is float32(2 pi), 1.7e-7 above 2 pi, so the absolute phase
+    drifts from an exact-2pi reference by 1.7e-7 rad per full turn (the step function does the
+    same). Outputs depend only on phase differences between nearby tokens and are unaffected; the
+    state h, kept in rotated-B coordinates, carries the same offset as its phase, consistently.
+    """
     inc = increments_bthr.at[:, 0].add(phase0_bhr)
     return jax.lax.associative_scan(lambda a, b: jnp.mod(a + b, TWO_PI), inc, axis=1)
 
 
-def _check_state(core, state, b, h, p, n, r):
+def _check_state(core, state, b, h, p, n, r, arg="initial_state"):
     if not isinstance(state, RotationState):
         raise TypeError(
-            f"{core}: argument 'initial_state' is a {type(state).__name__}; expected a RotationState "
+            f"{core}: argument '{arg}' is a {type(state).__name__}; expected a RotationState "
             f"(phase, h, B_prev, x_prev), e.g. the final_state of a previous call or RotationState.zeros(...)")
     for name, arr, shape, axes in (("phase", state.phase, (b, h, r), "(b, h, r)"),
                                    ("h", state.h, (b, h, p, n), "(b, h, p, n)"),
                                    ("B_prev", state.B_prev, (b, h, n), "(b, h, n)"),
                                    ("x_prev", state.x_prev, (b, h, p), "(b, h, p)")):
-        _checks.check_state_array(core, f"initial_state.{name}", arr, shape, axes)
+        _checks.check_state_array(core, f"{arg}.{name}", arr, shape, axes)
 
 
 def _step(state, x, dt, A, B, C, theta, lam, D):
@@ -103,7 +109,7 @@ def rotation_step(state, x, dt, A, B, C, theta, D=None, *, trap=None):
     if state is None:
         state = RotationState.zeros(b, h, p, n, r, cdt)
     else:
-        _check_state(core, state, b, h, p, n, r)
+        _check_state(core, state, b, h, p, n, r, arg="state")
     c = functools.partial(_checks.cast, dtype=cdt)
     y, new = _step(RotationState(*(c(v) for v in state)), c(x), c(dt), jnp.broadcast_to(c(A), (b, h)),
                    c(B), c(C), c(theta), c(trap), c(D))

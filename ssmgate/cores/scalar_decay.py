@@ -88,12 +88,10 @@ def scalar_decay(x, dt, A, B, C, D=None, *, initial_state=None, algorithm="auto"
     _checks.check_algorithm(CORE, algorithm)
     _checks.check_chunk_size(CORE, chunk_size)
     b, t, h, p, g, n = _checks.check_ssm_inputs(CORE, x, dt, A, B, C, D)
-    cdt = _checks.compute_dtype(x, dt, A, B, C, D, initial_state)
-    if initial_state is None:
-        h0 = jnp.zeros((b, h, p, n), cdt)
-    else:
+    if initial_state is not None:
         _checks.check_state_array(CORE, "initial_state", initial_state, (b, h, p, n), "(b, h, p, n)")
-        h0 = _checks.cast(initial_state, cdt)
+    cdt = _checks.compute_dtype(x, dt, A, B, C, D, initial_state)
+    h0 = jnp.zeros((b, h, p, n), cdt) if initial_state is None else _checks.cast(initial_state, cdt)
     if algorithm == "auto":
         algorithm, auto_chunk = choose(CORE, t)
         chunk_size = chunk_size or auto_chunk
