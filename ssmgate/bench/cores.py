@@ -149,26 +149,34 @@ def forward_backward(fn, inputs):
 
 
 def bench_core(core: str, shape: tuple, peak: float, chunk_sizes, reps, max_seconds, log=print) -> list[dict]:
+    """Rows for every algorithm (every chunk size) and `auto`, forward and forward+backward."""
     b, t, h, p, n, g, r = shape
     inputs = make_inputs(core, *shape)
     ref = reference_outputs(core, inputs)
     rows, seq_time = [], {}
-    for algorithm in ALGORITHMS[core]:
-        for chunk in (chunk_sizes if algorithm == "chunked" else [None]):
-            fn = core_fn(core, algorithm, chunk)
-            fwd = jax.jit(fn)
-            err = relative_error(fwd(inputs)[0], ref)
-            flops = flop_count(core, algorithm, chunk, *shape)
-            for mode, f, mult in (("fwd", fwd, 1.0), ("fwd+bwd", forward_backward(fn, inputs), 3.0)):
-                sec = time_call(f, inputs, reps, max_seconds)
-                if algorithm == "sequential":
-                    seq_time[mode] = sec
-                row = {"core": core, "algorithm": algorithm, "chunk": chunk, "mode": mode, "seconds": sec,
-                       "tokens_per_s": b * t / sec, "speedup_vs_sequential": seq_time[mode] / sec,
-                       "rel_err": err, "flops": flops * mult, "peak_fraction": flops * mult / sec / peak}
-                rows.append(row)
-                log(format_row(row))
+    configs = [(a, c) for a in ALGORITHMS[core] for c in (chunk_sizes if a == "chunked" else [None])]
+    for algorithm, chunk in configs + [("auto", None)]:
+        fn = core_fn(core, algorithm, chunk)
+        fwd = jax.jit(fn)
+        err = relative_error(fwd(inputs)[0], ref)
+        flops = _auto_flops(core, shape) if algorithm == "auto" else {
+            "fwd": flop_count(core, algorithm, chunk, *shape), "fwd+bwd": 3 * flop_count(core, algorithm, chunk, *shape)}
+        for mode, f in (("fwd", fwd), ("fwd+bwd", forward_backward(fn, inputs))):
+            sec = time_call(f, inputs, reps, max_seconds)
+            if algorithm == "sequential":
+                seq_time[mode] = sec
+            row = {"core": core, "algorithm": algorithm, "chunk": chunk, "mode": mode, "seconds": sec,
+                   "tokens_per_s": b * t / sec, "speedup_vs_sequential": seq_time[mode] / sec,
+                   "rel_err": err, "flops": flops[mode], "peak_fraction": flops[mode] / sec / peak}
+            rows.append(row)
+            log(format_row(row))
     return rows
+
+
+def _auto_flops(core, shape) -> dict:
+    """FLOPs of what `auto` runs at this size: its forward choice; its training choice, x 3."""
+    (f_alg, f_chunk), (t_alg, t_chunk) = auto.choose(core, shape[1])
+    return {"fwd": flop_count(core, f_alg, f_chunk, *shape), "fwd+bwd": 3 * flop_count(core, t_alg, t_chunk, *shape)}
 
 
 HEADER = (f"{'core':13s} {'algorithm':12s} {'chunk':>5s} {'mode':8s} {'ms':>9s} {'Mtok/s':>8s} "
@@ -195,14 +203,16 @@ def markdown_tables(result: dict) -> str:
                      f"{r['tokens_per_s'] / 1e6:.3f} | {r['speedup_vs_sequential']:.2f} | {r['rel_err']:.1e} | "
                      f"{r['flops'] / 1e9:.2f} | {100 * r['peak_fraction']:.1f} | {1 / r['peak_fraction']:.1f} |")
     if "auto_table" in result:
-        lines += ["", "`auto` (fastest forward+backward per size class, b, h, p, n, g, r as above):", "",
-                  "| core | t ≤ | measured t | choice | all timings (ms) |", "|---|---|---|---|---|"]
+        lines += ["", "`auto` (fastest forward and fastest forward+backward per size class; b, h, p, n, g, r as "
+                  "above; timings in ms, forward | forward+backward):", "",
+                  "| core | t ≤ | measured t | forward | forward+backward | all timings |", "|---|---|---|---|---|---|"]
         for core, classes in result["auto_table"].items():
             for c in classes:
                 timings = ", ".join(f"{e['algorithm']}{'/' + str(e['chunk_size']) if e['chunk_size'] else ''} "
-                                    f"{e['seconds'] * 1e3:.1f}" for e in c["timings"])
-                choice = c["algorithm"] + (f" (chunk {c['chunk_size']})" if c["chunk_size"] else "")
-                lines.append(f"| {core} | {c['max_t'] or '∞'} | {c['measured_t']} | {choice} | {timings} |")
+                                    f"{e['fwd_seconds'] * 1e3:.1f} \\| {e['train_seconds'] * 1e3:.1f}"
+                                    for e in c["timings"])
+                lines.append(f"| {core} | {c['max_t'] or '∞'} | {c['measured_t']} | {_choice(c['forward'])} | "
+                             f"{_choice(c['train'])} | {timings} |")
     return "\n".join(lines)
 
 
@@ -217,26 +227,37 @@ def update_docs(path: str, block: str) -> None:
 
 
 def measure_auto_table(cores, base_shape, chunk_sizes, reps, max_seconds, log=print) -> dict:
-    """Fastest forward+backward (algorithm, chunk) per core and size class on this backend."""
+    """Per core and size class, the fastest forward and the fastest forward+backward (algorithm,
+    chunk) on this backend, with every timing behind the choice."""
     b, _, h, p, n, g, r = base_shape
     table = {}
     for core in cores:
         classes = []
         for max_t, t in AUTO_CLASSES:
-            shape = (b, t, h, p, n, g, r)
-            inputs = make_inputs(core, *shape)
+            inputs = make_inputs(core, b, t, h, p, n, g, r)
             timings = []
             for algorithm in ALGORITHMS[core]:
                 for chunk in (chunk_sizes if algorithm == "chunked" else [None]):
-                    sec = time_call(forward_backward(core_fn(core, algorithm, chunk), inputs), inputs, reps, max_seconds)
-                    timings.append({"algorithm": algorithm, "chunk_size": chunk, "seconds": sec})
-            best = min(timings, key=lambda e: e["seconds"])
-            log(f"auto {core:13s} t<={max_t}: {best['algorithm']} (chunk {best['chunk_size']}), "
-                + ", ".join(f"{e['algorithm']}/{e['chunk_size']}={e['seconds'] * 1e3:.1f}ms" for e in timings))
-            classes.append({"max_t": max_t, "measured_t": t, "algorithm": best["algorithm"],
-                            "chunk_size": best["chunk_size"], "timings": timings})
+                    fn = core_fn(core, algorithm, chunk)
+                    timings.append({"algorithm": algorithm, "chunk_size": chunk,
+                                    "fwd_seconds": time_call(jax.jit(fn), inputs, reps, max_seconds),
+                                    "train_seconds": time_call(forward_backward(fn, inputs), inputs, reps, max_seconds)})
+            entry = {"max_t": max_t, "measured_t": t}
+            for kind in ("fwd", "train"):
+                best = min(timings, key=lambda e: e[f"{kind}_seconds"])
+                entry["forward" if kind == "fwd" else "train"] = {"algorithm": best["algorithm"],
+                                                                   "chunk_size": best["chunk_size"]}
+            entry["timings"] = timings
+            log(f"auto {core:13s} t<={max_t}: forward {_choice(entry['forward'])}, train {_choice(entry['train'])}; "
+                + ", ".join(f"{e['algorithm']}/{e['chunk_size']}={e['fwd_seconds'] * 1e3:.1f}|"
+                            f"{e['train_seconds'] * 1e3:.1f}ms" for e in timings))
+            classes.append(entry)
         table[core] = classes
     return table
+
+
+def _choice(c: dict) -> str:
+    return c["algorithm"] + (f" (chunk {c['chunk_size']})" if c["chunk_size"] else "")
 
 
 def main(argv) -> None:

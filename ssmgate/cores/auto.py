@@ -1,11 +1,17 @@
 """`algorithm="auto"`: the fastest algorithm per backend and size class, as measured.
 
 The table `auto_table.json` beside this file is written by `python -m ssmgate.bench cores
---write-auto-table` on a machine of the backend it describes; nothing here times code at call
-time. A size class is the sequence length t (the axis the algorithms differ on); each entry holds
-the algorithm and chunk size that were fastest for forward+backward at that class's measured size.
+--write_auto_table` on a machine of the backend it describes; nothing here times code at call
+time. A size class is a range of the sequence length t (the axis the algorithms differ on). Each
+class holds two measured choices: `forward`, the fastest forward pass, and `train`, the fastest
+forward+backward. They differ on CPU, where `sequential` is the fastest forward pass and the
+slowest to differentiate. `run_auto` evaluates with the forward choice and, through a custom VJP,
+differentiates with the training choice (whose own forward pass then runs instead), so inference
+and training each get their fastest algorithm. A custom VJP has no forward-mode derivative: for
+`jax.jvp`/`jax.jacfwd` pick an explicit algorithm.
+
 A backend with no measurements falls back to FALLBACK (and warns once), so an unmeasured GPU or
-TPU still runs, and the docs say how to measure it.
+TPU still runs; docs/benchmarks.md says how to measure it.
 """
 from __future__ import annotations
 
@@ -17,8 +23,10 @@ import warnings
 import jax
 
 TABLE_PATH = pathlib.Path(__file__).with_name("auto_table.json")
-# Used only for a backend the table does not cover; see docs/benchmarks.md.
-FALLBACK = {"scalar_decay": ("chunked", 64), "rotation": ("chunked", 64), "damped": ("associative", None)}
+# Used only for a backend the table does not cover (forward choice, training choice).
+FALLBACK = {"scalar_decay": (("chunked", 64), ("chunked", 64)),
+            "rotation": (("chunked", 64), ("chunked", 64)),
+            "damped": (("associative", None), ("associative", None))}
 
 
 @functools.lru_cache(maxsize=None)
@@ -31,15 +39,14 @@ def load_table(path: str = str(TABLE_PATH)) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _warn_unmeasured(backend: str, core: str) -> None:
-    algorithm, chunk = FALLBACK[core]
     warnings.warn(
         f"ssmgate.cores: no measured auto table for backend {backend!r} and core {core!r}; using "
-        f"{algorithm!r} (chunk {chunk}). Run `python -m ssmgate.bench cores --write-auto-table` on this "
-        f"machine to measure it.", stacklevel=3)
+        f"{FALLBACK[core][1]}. Run `python -m ssmgate.bench cores --write_auto_table` on this machine "
+        "to measure it.", stacklevel=4)
 
 
 def choose(core: str, t: int, backend: str | None = None):
-    """Returns (algorithm, chunk_size or None) for a call of `core` with sequence length t."""
+    """Returns ((forward algorithm, chunk), (training algorithm, chunk)) for sequence length t."""
     backend = backend or jax.default_backend()
     classes = load_table().get(backend, {}).get(core)
     if not classes:
@@ -47,5 +54,33 @@ def choose(core: str, t: int, backend: str | None = None):
         return FALLBACK[core]
     for entry in classes:  # sorted by max_t; the last has max_t = null (no upper bound)
         if entry["max_t"] is None or t <= entry["max_t"]:
-            return entry["algorithm"], entry.get("chunk_size")
-    raise AssertionError(f"auto table for {backend}/{core} has no open-ended size class: {classes}")
+            fwd, train = entry["forward"], entry["train"]
+            return (fwd["algorithm"], fwd["chunk_size"]), (train["algorithm"], train["chunk_size"])
+    raise ValueError(f"{TABLE_PATH}: the {backend}/{core} classes end without an open-ended one (max_t null)")
+
+
+def _forward_with_training_vjp(forward, train, *args):
+    """forward(*args), differentiated as train(*args) (same function, other algorithm)."""
+
+    @jax.custom_vjp
+    def run(*a):
+        return forward(*a)
+
+    def run_fwd(*a):
+        return jax.vjp(train, *a)
+
+    def run_bwd(vjp_fn, cotangent):
+        return vjp_fn(cotangent)
+
+    run.defvjp(run_fwd, run_bwd)
+    return run(*args)
+
+
+def run_auto(core: str, t: int, chunk_size, run, *args):
+    """run(algorithm, chunk_size, *args) with the measured choices; an explicit chunk_size wins."""
+    (f_alg, f_chunk), (t_alg, t_chunk) = choose(core, t)
+    forward = functools.partial(run, f_alg, chunk_size or f_chunk)
+    train = functools.partial(run, t_alg, chunk_size or t_chunk)
+    if (f_alg, chunk_size or f_chunk) == (t_alg, chunk_size or t_chunk):
+        return forward(*args)
+    return _forward_with_training_vjp(forward, train, *args)

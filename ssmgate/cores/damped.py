@@ -21,9 +21,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ssmgate.cores import _checks
+from ssmgate.cores import _checks, auto
 from ssmgate.cores._ssd import expand_groups
-from ssmgate.cores.auto import choose
 
 CORE = "damped"
 REGIMES = ("under", "critical", "over")
@@ -103,11 +102,10 @@ def _matmul(m2, m1):
     return (a00 * b00 + a01 * b10, a00 * b01 + a01 * b11, a10 * b00 + a11 * b10, a10 * b01 + a11 * b11)
 
 
-def _step(state, x, dt, a, nu, B, C, lam, D, regime, c):
+def _advance(state, x, dt, m, decay, B, C, lam, D):
+    """One token given its transition (m, decay); compute dtype."""
     heads = x.shape[1]
     B_h, C_h = expand_groups(B, heads), expand_groups(C, heads)
-    m = transition(dt, a, nu, regime=regime, overdamped_c=c)
-    decay = jnp.exp(-dt * a)
     carried = state.h
     if lam is not None:
         carried = carried + (((1.0 - lam) * dt)[..., None] * state.x_prev)[..., None] * state.B_prev[:, :, None, :]
@@ -117,6 +115,11 @@ def _step(state, x, dt, a, nu, B, C, lam, D, regime, c):
     if D is not None:
         y = y + D[:, None] * x
     return y, DampedState(h, B_h, x)
+
+
+def _step(state, x, dt, a, nu, B, C, lam, D, regime, c):
+    m = transition(dt, a, nu, regime=regime, overdamped_c=c)
+    return _advance(state, x, dt, m, jnp.exp(-dt * a), B, C, lam, D)
 
 
 def _check_regime(core, regime, overdamped_c):
@@ -157,12 +160,17 @@ def damped_step(state, x, dt, a, nu, B, C, D=None, *, regime, overdamped_c=0.9, 
 
 
 def _sequential(x, dt, a, nu, B, C, lam, D, state0, regime, c):
+    # The transitions depend on no state: computed for all tokens at once, outside the scan.
+    m = transition(dt, a, nu, regime=regime, overdamped_c=c)
+    decay = jnp.exp(-dt * a)
+
     def body(state, inputs):
-        y, state = _step(state, *inputs[:6], None if lam is None else inputs[6], D, regime, c)
+        x_t, dt_t, m_t, decay_t, B_t, C_t = inputs[:6]
+        y, state = _advance(state, x_t, dt_t, m_t, decay_t, B_t, C_t, None if lam is None else inputs[6], D)
         return state, y
 
-    seq = [x, dt, a, nu, B, C] + ([] if lam is None else [lam])
-    final, ys = jax.lax.scan(body, state0, tuple(jnp.moveaxis(v, 1, 0) for v in seq))
+    seq = [x, dt, m, decay, B, C] + ([] if lam is None else [lam])
+    final, ys = jax.lax.scan(body, state0, jax.tree.map(lambda v: jnp.moveaxis(v, 1, 0), tuple(seq)))
     return jnp.moveaxis(ys, 0, 1), final
 
 
@@ -192,6 +200,11 @@ def _associative(x, dt, a, nu, B, C, lam, D, state0, regime, c):
     return y, DampedState(states[:, -1], B_h[:, -1], x[:, -1])
 
 
+def _run(algorithm, _chunk_size, x, dt, a, nu, B, C, lam, D, state0, *, regime, c):
+    run = _sequential if algorithm == "sequential" else _associative
+    return run(x, dt, a, nu, B, C, lam, D, state0, regime, c)
+
+
 def damped(x, dt, a, nu, B, C, D=None, *, regime, overdamped_c=0.9, trap=None, initial_state=None,
            algorithm="auto"):
     """Runs the second-order damped recurrence; returns (y, final_state: DampedState).
@@ -216,12 +229,11 @@ def damped(x, dt, a, nu, B, C, D=None, *, regime, overdamped_c=0.9, trap=None, i
     else:
         _check_state(CORE, initial_state, b, h, p, n)
         state0 = DampedState(*(_checks.cast(v, cdt) for v in initial_state))
-    if algorithm == "auto":
-        algorithm, _ = choose(CORE, t)
     a = jnp.broadcast_to(a, (b, t, h)) if a.ndim == 1 else a
-    args = [_checks.cast(v, cdt) for v in (x, dt, a, nu, B, C)]
-    lam = _checks.cast(trap, cdt)
-    Dc = _checks.cast(D, cdt)
-    run = _sequential if algorithm == "sequential" else _associative
-    y, final = run(*args, lam, Dc, state0, regime, overdamped_c)
+    args = [_checks.cast(v, cdt) for v in (x, dt, a, nu, B, C, trap, D)] + [state0]
+    run = functools.partial(_run, regime=regime, c=overdamped_c)
+    if algorithm == "auto":
+        y, final = auto.run_auto(CORE, t, None, run, *args)
+    else:
+        y, final = run(algorithm, None, *args)
     return y.astype(x.dtype), final

@@ -18,9 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ssmgate.cores import _checks
+from ssmgate.cores import _checks, auto
 from ssmgate.cores._ssd import associative_states, chunked_ssd, expand_groups
-from ssmgate.cores.auto import choose
 
 CORE = "rotation"
 TWO_PI = 2.0 * np.pi  # float32(2 pi) when it meets float32 phases: see cumulative_phase
@@ -184,6 +183,14 @@ def _chunked(x, dt, A, B, C, theta, lam, D, state0, chunk):
     return y, _final_state(phase, B, cos, sin, h_final, x)
 
 
+def _run(algorithm, chunk_size, x, dt, A, B, C, theta, lam, D, state0):
+    if algorithm == "sequential":
+        return _sequential(x, dt, A, B, C, theta, lam, D, state0)
+    if algorithm == "associative":
+        return _associative(x, dt, A, B, C, theta, lam, D, state0)
+    return _chunked(x, dt, A, B, C, theta, lam, D, state0, chunk_size or 64)
+
+
 def rotation(x, dt, A, B, C, theta, D=None, *, trap=None, initial_state=None, algorithm="auto", chunk_size=None):
     """Runs the Mamba-3 SISO decay-rotation recurrence; returns (y, final_state: RotationState).
 
@@ -201,17 +208,10 @@ def rotation(x, dt, A, B, C, theta, D=None, *, trap=None, initial_state=None, al
     else:
         _check_state(CORE, initial_state, b, h, p, n, r)
         state0 = RotationState(*(_checks.cast(a, cdt) for a in initial_state))
-    if algorithm == "auto":
-        algorithm, auto_chunk = choose(CORE, t)
-        chunk_size = chunk_size or auto_chunk
     A = jnp.broadcast_to(A, (b, t, h)) if A.ndim == 1 else A
-    args = [_checks.cast(a, cdt) for a in (x, dt, A, B, C, theta)]
-    lam = _checks.cast(trap, cdt)
-    Dc = _checks.cast(D, cdt)
-    if algorithm == "sequential":
-        y, final = _sequential(*args, lam, Dc, state0)
-    elif algorithm == "associative":
-        y, final = _associative(*args, lam, Dc, state0)
+    args = [_checks.cast(a, cdt) for a in (x, dt, A, B, C, theta, trap, D)] + [state0]
+    if algorithm == "auto":
+        y, final = auto.run_auto(CORE, t, chunk_size, _run, *args)
     else:
-        y, final = _chunked(*args, lam, Dc, state0, chunk_size or 64)
+        y, final = _run(algorithm, chunk_size, *args)
     return y.astype(x.dtype), final

@@ -10,9 +10,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ssmgate.cores import _checks
+from ssmgate.cores import _checks, auto
 from ssmgate.cores._ssd import associative_states, chunked_ssd, expand_groups
-from ssmgate.cores.auto import choose
 
 CORE = "scalar_decay"
 
@@ -77,6 +76,14 @@ def _chunked(x, dt, A, B, C, D, h0, chunk):
     return y, final
 
 
+def _run(algorithm, chunk_size, x, dt, A, B, C, D, h0):
+    if algorithm == "sequential":
+        return _sequential(x, dt, A, B, C, D, h0)
+    if algorithm == "associative":
+        return _associative(x, dt, A, B, C, D, h0)
+    return _chunked(x, dt, A, B, C, D, h0, chunk_size or 64)
+
+
 def scalar_decay(x, dt, A, B, C, D=None, *, initial_state=None, algorithm="auto", chunk_size=None):
     """Runs the scalar-decay recurrence over a sequence; returns (y, final_state).
 
@@ -92,15 +99,9 @@ def scalar_decay(x, dt, A, B, C, D=None, *, initial_state=None, algorithm="auto"
         _checks.check_state_array(CORE, "initial_state", initial_state, (b, h, p, n), "(b, h, p, n)")
     cdt = _checks.compute_dtype(x, dt, A, B, C, D, initial_state)
     h0 = jnp.zeros((b, h, p, n), cdt) if initial_state is None else _checks.cast(initial_state, cdt)
+    args = [_checks.cast(a, cdt) for a in (x, dt, _per_token_A(A, b, t, h), B, C, D)] + [h0]
     if algorithm == "auto":
-        algorithm, auto_chunk = choose(CORE, t)
-        chunk_size = chunk_size or auto_chunk
-    args = [_checks.cast(a, cdt) for a in (x, dt, _per_token_A(A, b, t, h), B, C)]
-    Dc = _checks.cast(D, cdt)
-    if algorithm == "sequential":
-        y, final = _sequential(*args, Dc, h0)
-    elif algorithm == "associative":
-        y, final = _associative(*args, Dc, h0)
+        y, final = auto.run_auto(CORE, t, chunk_size, _run, *args)
     else:
-        y, final = _chunked(*args, Dc, h0, chunk_size or 64)
+        y, final = _run(algorithm, chunk_size, *args)
     return y.astype(x.dtype), final
