@@ -202,11 +202,14 @@ def markdown_tables(result: dict) -> str:
         lines.append(f"| {r['core']} | {r['algorithm']} | {r['chunk'] or '-'} | {r['mode']} | {r['seconds'] * 1e3:.1f} | "
                      f"{r['tokens_per_s'] / 1e6:.3f} | {r['speedup_vs_sequential']:.2f} | {r['rel_err']:.1e} | "
                      f"{r['flops'] / 1e9:.2f} | {100 * r['peak_fraction']:.1f} | {1 / r['peak_fraction']:.1f} |")
-    if "auto_table" in result:
-        lines += ["", "`auto` (fastest forward and fastest forward+backward per size class; b, h, p, n, g, r as "
-                  "above; timings in ms, forward | forward+backward):", "",
+    measured = result.get("auto_table") or result.get("auto_table_in_use")
+    if measured:
+        when = "measured by this run" if "auto_table" in result else \
+            "in use: ssmgate/cores/auto_table.json, measured by an earlier `--write_auto_table` run"
+        lines += ["", f"`auto` table ({when}): fastest forward and fastest forward+backward per size class; "
+                  "b, h, p, n, g, r as above; timings in ms, forward | forward+backward:", "",
                   "| core | t ≤ | measured t | forward | forward+backward | all timings |", "|---|---|---|---|---|---|"]
-        for core, classes in result["auto_table"].items():
+        for core, classes in measured.items():
             for c in classes:
                 timings = ", ".join(f"{e['algorithm']}{'/' + str(e['chunk_size']) if e['chunk_size'] else ''} "
                                     f"{e['fwd_seconds'] * 1e3:.1f} \\| {e['train_seconds'] * 1e3:.1f}"
@@ -294,6 +297,8 @@ def main(argv) -> None:
         auto.load_table.cache_clear()
         result["auto_table"] = measured
         log(f"wrote {auto.TABLE_PATH}")
+    if "auto_table" not in result and backend in auto.load_table():
+        result["auto_table_in_use"] = auto.load_table()[backend]
     if FLAGS.report:
         report = pathlib.Path(FLAGS.report)
         report.parent.mkdir(parents=True, exist_ok=True)
