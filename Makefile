@@ -30,7 +30,7 @@ bench: venv
 
 # Regenerates docs/benchmarks.md and the measured auto table (ssmgate/cores/auto_table.json).
 bench-docs: venv
-	$(PY) -m ssmgate.bench cores --out $(BENCH_OUT)/cores.json --write_auto_table --docs docs/benchmarks.md
+	$(PY) -m ssmgate.bench cores --out $(BENCH_OUT)/cores.json --reps 7 --write_auto_table --docs docs/benchmarks.md
 
 # The main job. Until the first reproduction lands (issue #3) it runs the core benchmark and writes
 # runs/reproduce/report.md.
