@@ -3,7 +3,6 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-SCALE ?= quick
 BENCH_OUT ?= runs/bench
 
 .PHONY: venv test test-slow bench bench-docs reproduce clean
