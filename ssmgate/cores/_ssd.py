@@ -17,6 +17,18 @@ def expand_groups(arr, h: int):
     return _repeat_heads(arr, h, axis=-2)
 
 
+def per_token(A, b: int, t: int, h: int):
+    """A (h,) or (b, t, h) -> (b, t, h)."""
+    return jnp.broadcast_to(A, (b, t, h)) if A.ndim == 1 else A
+
+
+def previous_writes(write_bthpn, x_prev_bhp, B_prev_bhn):
+    """x_{t-1} B_{t-1}^T for every t: the writes shifted by one token, the carried one first
+    (the trapezoid's second term)."""
+    first = (x_prev_bhp[..., None] * B_prev_bhn[:, :, None, :])[:, None]
+    return jnp.concatenate([first, write_bthpn[:, :-1]], axis=1)
+
+
 def associative_states(decay_bth, inc_bthpn, h0_bhpn):
     """All states h_t of h_t = decay_t h_{t-1} + inc_t from h0, by `lax.associative_scan` over t."""
     inc = inc_bthpn.at[:, 0].add(decay_bth[:, 0, :, None, None] * h0_bhpn)

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from ssmgate.cores import _checks, auto
-from ssmgate.cores._ssd import expand_groups
+from ssmgate.cores._ssd import expand_groups, per_token, previous_writes
 
 CORE = "damped"
 REGIMES = ("under", "critical", "over")
@@ -183,8 +183,7 @@ def _associative(x, dt, a, nu, B, C, lam, D, state0, regime, c):
     write = x[..., None] * B_h[:, :, :, None, :]  # x_t B_t^T: (b, t, h, p, n)
     carried = jnp.zeros_like(write).at[:, 0].set(state0.h)  # what Abar_t acts on besides h_{t-1}
     if lam is not None:
-        first = (state0.x_prev[..., None] * state0.B_prev[:, :, None, :])[:, None]
-        prev = jnp.concatenate([first, write[:, :-1]], axis=1)
+        prev = previous_writes(write, state0.x_prev, state0.B_prev)
         carried = carried + ((1.0 - lam) * dt)[..., None, None] * prev
     inc = _apply(m, decay, carried) + gamma[..., None, None] * write
 
@@ -229,8 +228,7 @@ def damped(x, dt, a, nu, B, C, D=None, *, regime, overdamped_c=0.9, trap=None, i
     else:
         _check_state(CORE, initial_state, b, h, p, n)
         state0 = DampedState(*(_checks.cast(v, cdt) for v in initial_state))
-    a = jnp.broadcast_to(a, (b, t, h)) if a.ndim == 1 else a
-    args = [_checks.cast(v, cdt) for v in (x, dt, a, nu, B, C, trap, D)] + [state0]
+    args = [_checks.cast(v, cdt) for v in (x, dt, per_token(a, b, t, h), nu, B, C, trap, D)] + [state0]
     run = functools.partial(_run, regime=regime, c=overdamped_c)
     if algorithm == "auto":
         y, final = auto.run_auto(CORE, t, None, run, *args)

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ssmgate.cores import _checks, auto
-from ssmgate.cores._ssd import associative_states, chunked_ssd, expand_groups
+from ssmgate.cores._ssd import associative_states, chunked_ssd, expand_groups, per_token, previous_writes
 
 CORE = "rotation"
 TWO_PI = 2.0 * np.pi  # float32(2 pi) when it meets float32 phases: see cumulative_phase
@@ -145,8 +145,7 @@ def _associative(x, dt, A, B, C, theta, lam, D, state0):
     write = x[..., None] * B_rot[:, :, :, None, :]  # x_t B~_t^T: (b, t, h, p, n)
     inc = gamma[..., None, None] * write
     if lam is not None:
-        first = (state0.x_prev[..., None] * state0.B_prev[:, :, None, :])[:, None]
-        prev = jnp.concatenate([first, write[:, :-1]], axis=1)
+        prev = previous_writes(write, state0.x_prev, state0.B_prev)
         inc = inc + ((1.0 - lam) * dt * a)[..., None, None] * prev
     states = associative_states(a, inc, state0.h)
     y = jnp.einsum("bthpn,bthn->bthp", states, C_rot)
@@ -208,8 +207,7 @@ def rotation(x, dt, A, B, C, theta, D=None, *, trap=None, initial_state=None, al
     else:
         _check_state(CORE, initial_state, b, h, p, n, r)
         state0 = RotationState(*(_checks.cast(a, cdt) for a in initial_state))
-    A = jnp.broadcast_to(A, (b, t, h)) if A.ndim == 1 else A
-    args = [_checks.cast(a, cdt) for a in (x, dt, A, B, C, theta, trap, D)] + [state0]
+    args = [_checks.cast(a, cdt) for a in (x, dt, per_token(A, b, t, h), B, C, theta, trap, D)] + [state0]
     if algorithm == "auto":
         y, final = auto.run_auto(CORE, t, chunk_size, _run, *args)
     else:

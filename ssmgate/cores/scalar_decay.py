@@ -11,13 +11,9 @@ import jax
 import jax.numpy as jnp
 
 from ssmgate.cores import _checks, auto
-from ssmgate.cores._ssd import associative_states, chunked_ssd, expand_groups
+from ssmgate.cores._ssd import associative_states, chunked_ssd, expand_groups, per_token
 
 CORE = "scalar_decay"
-
-
-def _per_token_A(A, b: int, t: int, h: int):
-    return jnp.broadcast_to(A, (b, t, h)) if A.ndim == 1 else A
 
 
 def _step(h_bhpn, x_bhp, dt_bh, A_bh, B_bgn, C_bgn, D_h):
@@ -99,7 +95,7 @@ def scalar_decay(x, dt, A, B, C, D=None, *, initial_state=None, algorithm="auto"
         _checks.check_state_array(CORE, "initial_state", initial_state, (b, h, p, n), "(b, h, p, n)")
     cdt = _checks.compute_dtype(x, dt, A, B, C, D, initial_state)
     h0 = jnp.zeros((b, h, p, n), cdt) if initial_state is None else _checks.cast(initial_state, cdt)
-    args = [_checks.cast(a, cdt) for a in (x, dt, _per_token_A(A, b, t, h), B, C, D)] + [h0]
+    args = [_checks.cast(a, cdt) for a in (x, dt, per_token(A, b, t, h), B, C, D)] + [h0]
     if algorithm == "auto":
         y, final = auto.run_auto(CORE, t, chunk_size, _run, *args)
     else:
