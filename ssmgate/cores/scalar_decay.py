@@ -101,3 +101,29 @@ def scalar_decay(x, dt, A, B, C, D=None, *, initial_state=None, algorithm="auto"
     else:
         y, final = _run(algorithm, chunk_size, *args)
     return y.astype(x.dtype), final
+
+
+def scalar_decay_state(x, dt, A, B, *, initial_state=None):
+    """The final state alone (prefill): h_T = exp(sum_t dt_t A_t) h_0 + sum_t w_t dt_t x_t B_t^T,
+    w_t = exp(sum_{s > t} dt_s A_s), in O(t h p n) work and no outputs.
+
+    Same arguments and state as `scalar_decay` (no C or D: nothing is read). For models that read the
+    state once after a whole context, e.g. the P1 simplified SSM and decoding after a prompt.
+    """
+    core = "scalar_decay_state"
+    b, t, h, p, g, n = _checks.check_ssm_inputs(core, x, dt, A, B, B, None)
+    if initial_state is not None:
+        _checks.check_state_array(core, "initial_state", initial_state, (b, h, p, n), "(b, h, p, n)")
+    cdt = _checks.compute_dtype(x, dt, A, B, initial_state)
+    x, dt, A, B = (_checks.cast(a, cdt) for a in (x, dt, per_token(A, b, t, h), B))
+    logdecay = dt * A
+    # Suffix sums (inclusive suffix minus the token's own term), not total - prefix: a long,
+    # strongly decaying prefix would otherwise cancel against the total.
+    after_bth = jnp.flip(jnp.cumsum(jnp.flip(logdecay, 1), axis=1), 1) - logdecay
+    xw = x * (dt * jnp.exp(after_bth))[..., None]
+    G = B.shape[2]
+    state = jnp.einsum("btgjp,btgn->bgjpn", xw.reshape(b, t, G, h // G, p), B).reshape(b, h, p, n)
+    if initial_state is not None:
+        total = jnp.exp(after_bth[:, 0] + logdecay[:, 0])
+        state = state + total[..., None, None] * _checks.cast(initial_state, cdt)
+    return state
