@@ -1,0 +1,1 @@
+"""Task generators and metrics. Synthetic generators are jittable `sample(key, ...)` functions."""

@@ -1,0 +1,87 @@
+"""A run directory and the side effects of a run: resolved flags, metrics JSONL, CSVs, summary, progress.
+
+Files are written atomically (temporary file, then rename) and metrics are appended and flushed
+line by line, so whatever was written survives a crash or a kill.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Iterable, Sequence
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def to_jsonable(obj):
+    """numpy/JAX scalars and arrays to plain Python; NaN/Inf to None (JSON has no NaN)."""
+    if hasattr(obj, "tolist"):
+        obj = obj.tolist()
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+class RunDir:
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def write_text(self, name: str, text: str) -> Path:
+        _atomic_write(self.file(name), text)
+        return self.file(name)
+
+    def write_json(self, name: str, obj) -> Path:
+        return self.write_text(name, json.dumps(to_jsonable(obj), indent=2, sort_keys=True) + "\n")
+
+    def write_csv(self, name: str, header: Sequence[str], rows: Iterable[Sequence]) -> Path:
+        tmp = self.file(name + ".tmp")
+        with open(tmp, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(header)
+            for row in rows:
+                writer.writerow(["" if v is None else v for v in to_jsonable(list(row))])
+        os.replace(tmp, self.file(name))
+        return self.file(name)
+
+    def log_metrics(self, record: dict) -> None:
+        """Appends one JSON line to metrics.jsonl and flushes it to disk."""
+        with open(self.file("metrics.jsonl"), "a") as f:
+            f.write(json.dumps(to_jsonable(record), sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+class Progress:
+    """Prints `[name] what k/total (pct) | extra | elapsed, ETA` lines for long loops."""
+
+    def __init__(self, name: str, total: int, stream=None):
+        self.name, self.total = name, max(int(total), 1)
+        self.start = time.perf_counter()
+        self.stream = stream or sys.stdout
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def update(self, done: int, what: str = "step", extra: str = "") -> None:
+        el = self.elapsed()
+        eta = el / done * (self.total - done) if done > 0 else float("nan")
+        eta_s = f"ETA {eta:.0f}s" if math.isfinite(eta) else "ETA ?"
+        extra = f" | {extra}" if extra else ""
+        print(f"[{self.name}] {what} {done}/{self.total} ({100 * done / self.total:.0f}%){extra} | "
+              f"{el:.0f}s elapsed, {eta_s}", file=self.stream, flush=True)
