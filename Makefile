@@ -4,8 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_OUT ?= runs/bench
+SCALE ?= quick
+ONLY ?=
 
-.PHONY: venv test test-slow bench bench-docs reproduce clean
+.PHONY: venv test test-slow bench bench-docs reproduce reproduce-docs clean
 
 venv: $(STAMP)
 
@@ -27,14 +29,19 @@ test-slow: venv
 bench: venv
 	$(PY) -m ssmgate.bench cores --out $(BENCH_OUT)/cores.json
 
-# Regenerates docs/benchmarks.md and the measured auto table (ssmgate/cores/auto_table.json).
+# Regenerates docs/benchmarks.md (cores and sweeps) and the measured auto table (ssmgate/cores/auto_table.json).
 bench-docs: venv
 	$(PY) -m ssmgate.bench cores --out $(BENCH_OUT)/cores.json --reps 7 --write_auto_table --docs docs/benchmarks.md
+	$(PY) -m ssmgate.bench sweeps --out $(BENCH_OUT)/sweeps.json --docs docs/benchmarks.md
 
-# The main job. Until the first reproduction lands (issue #3) it runs the core benchmark and writes
-# runs/reproduce/report.md.
+# The main job: every experiment at SCALE (quick | cpu | paper), ONLY=name,... to select;
+# writes runs/reproduce/report.md and runs/reproduce/summary.json.
 reproduce: venv
-	$(PY) -m ssmgate.bench cores --out runs/reproduce/cores.json --report runs/reproduce/report.md
+	$(PY) -m ssmgate.reproduce --scale=$(SCALE) --only=$(ONLY) --out_dir=runs/reproduce
+
+# Regenerates the committed cpu-scale report in docs/reproduction/ (on purpose, ~20 minutes).
+reproduce-docs: venv
+	$(PY) -m ssmgate.reproduce --scale=cpu --only=$(ONLY) --out_dir=runs/reproduce-cpu --docs_dir=docs/reproduction
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

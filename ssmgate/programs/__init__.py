@@ -1,0 +1,1 @@
+"""Experiment programs run by `python -m ssmgate.main --flagfile=...` (one module per experiment)."""

@@ -1,0 +1,131 @@
+"""The main job: run every experiment's flag files at one scale and write the report.
+
+    python -m ssmgate.reproduce --scale=quick|cpu|paper [--only=p1_fig1] [--out_dir=runs/reproduce] [--docs_dir=DIR]
+
+Each run is `python -m ssmgate.main --flagfile=... --run_dir=OUT/<experiment>/<run>` in a subprocess
+(its progress lines stream through). Afterwards OUT/summary.json gathers every run's summary.json
+under its experiment's name, with the experiment's acceptance checks, and OUT/report.md shows each
+figure beside a "paper / theory / ours" table and lists what the scale changed from the paper's flag
+files. `--docs_dir DIR` also writes the report and its figures to DIR (docs/reproduction/).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from absl import app, flags
+
+from ssmgate.programs import p1_fig1_report
+from ssmgate.train.run_dir import RunDir
+
+REPO = Path(__file__).resolve().parent.parent
+SCALES = ("quick", "cpu", "paper")
+
+# experiment -> (flag files relative to experiments/<paper>/[<scale>/], report module)
+EXPERIMENTS = {
+    "p1_fig1": ("p1", ("fig1a", "fig1b", "fig1c", "fig1d"), p1_fig1_report),
+}
+
+flags.DEFINE_enum("scale", "quick", SCALES, "quick (minutes), cpu (the issues' CPU runs) or paper (pods).")
+flags.DEFINE_list("only", [], f"Experiments to run (default all): {', '.join(EXPERIMENTS)}.")
+flags.DEFINE_string("out_dir", "runs/reproduce", "Output directory (report.md, summary.json, one folder per run).")
+flags.DEFINE_string("docs_dir", None, "Also write report.md and its figures here (e.g. docs/reproduction).")
+flags.DEFINE_boolean("report_only", False, "Rebuild the report from the existing run directories; run nothing.")
+FLAGS = flags.FLAGS
+
+
+def flag_file(paper: str, run: str, scale: str) -> Path:
+    base = REPO / "experiments" / paper
+    return base / f"{run}.flags" if scale == "paper" else base / scale / f"{run}.flags"
+
+
+def read_flags(path: Path) -> dict[str, str]:
+    """--name=value lines of a flag file (comments and blank lines skipped)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line.startswith("--"):
+            name, _, value = line[2:].partition("=")
+            out[name] = value
+    return out
+
+
+def changes_from_paper(paper: str, run: str, scale: str) -> list[str]:
+    """What this scale's flag file sets differently from the paper-scale one."""
+    if scale == "paper":
+        return []
+    mine, ref = read_flags(flag_file(paper, run, scale)), read_flags(flag_file(paper, run, "paper"))
+    return [f"{k}: {ref.get(k, '(unset)')} -> {mine.get(k, '(unset)')}"
+            for k in sorted(set(mine) | set(ref)) if mine.get(k) != ref.get(k) and k != "segment"]
+
+
+def run_one(paper: str, run: str, scale: str, run_dir: Path) -> tuple[bool, float]:
+    cmd = [sys.executable, "-m", "ssmgate.main", f"--flagfile={flag_file(paper, run, scale)}", f"--run_dir={run_dir}"]
+    print(f"[reproduce] {run}: {' '.join(cmd[1:])}", flush=True)
+    start = time.perf_counter()
+    result = subprocess.run(cmd, cwd=REPO)
+    return result.returncode == 0, time.perf_counter() - start
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    unknown = [e for e in FLAGS.only if e not in EXPERIMENTS]
+    if unknown:
+        raise app.UsageError(f"--only: unknown experiment(s) {unknown}; expected some of {', '.join(EXPERIMENTS)}")
+    names = FLAGS.only or list(EXPERIMENTS)
+    out = RunDir(FLAGS.out_dir)
+    summary, sections, failed = {}, [], []
+    previous = json.loads(out.file("summary.json").read_text()) if out.file("summary.json").exists() else {}
+    t0 = time.perf_counter()
+    for name in names:
+        paper, runs, report = EXPERIMENTS[name]
+        walls, ok_runs = {}, {}
+        for i, run in enumerate(runs):
+            run_dir = out.path / name / run
+            if FLAGS.report_only:  # keep the wall times measured when the runs ran
+                ok = (run_dir / "summary.json").exists()
+                wall = previous.get(name, {}).get("wall_s", {}).get(run)
+            else:
+                print(f"[reproduce] {name} {i + 1}/{len(runs)} ({FLAGS.scale} scale), "
+                      f"{time.perf_counter() - t0:.0f}s elapsed", flush=True)
+                ok, wall = run_one(paper, run, FLAGS.scale, run_dir)
+            walls[run], ok_runs[run] = wall, ok
+            if not ok:
+                failed.append(f"{name}/{run}")
+        runs_ok = {r: json.loads((out.path / name / r / "summary.json").read_text())
+                   for r in runs if ok_runs[r]}
+        changes = {r: changes_from_paper(paper, r, FLAGS.scale) for r in runs}
+        exp_summary, section = report.build(runs_ok, FLAGS.scale, changes, walls, figure_dir=out.path / "figures",
+                                            run_root=out.path / name)
+        summary[name] = exp_summary
+        sections.append(section)
+    summary["scale"] = FLAGS.scale
+    summary["failed_runs"] = failed
+    out.write_json("summary.json", summary)
+    header = (f"# ssmgate reproduction report ({FLAGS.scale} scale)\n\n"
+              f"Generated by `python -m ssmgate.reproduce --scale={FLAGS.scale}`; every number below comes "
+              f"from the runs under `{FLAGS.out_dir}/` and the theory in `ssmgate/theory/`.\n")
+    if failed:
+        header += f"\n**Failed runs:** {', '.join(failed)} (see their output above).\n"
+    text = header + "\n" + "\n".join(sections)
+    out.write_text("report.md", text)
+    print(f"[reproduce] wrote {out.file('report.md')} and {out.file('summary.json')} "
+          f"in {time.perf_counter() - t0:.0f}s", flush=True)
+    if FLAGS.docs_dir:
+        docs = RunDir(FLAGS.docs_dir)
+        docs.write_text("report.md", text.replace(f"`{FLAGS.out_dir}/`", f"`{FLAGS.out_dir}/` (not committed)"))
+        if (out.path / "figures").exists():
+            shutil.copytree(out.path / "figures", docs.path / "figures", dirs_exist_ok=True)
+        docs.write_json("summary.json", summary)
+        print(f"[reproduce] copied the report to {docs.path}", flush=True)
+    if failed:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    app.run(main)
