@@ -1,11 +1,11 @@
-"""`python -m ssmgate.bench cores [flags]`: dispatches to the named benchmark."""
+"""`python -m ssmgate.bench cores|sweeps [flags]`: dispatches to the named benchmark."""
 import sys
 
 from absl import app
 
-from ssmgate.bench import cores
+from ssmgate.bench import cores, sweeps
 
-BENCHMARKS = {"cores": cores.main}
+BENCHMARKS = {"cores": cores.main, "sweeps": sweeps.main}
 
 
 def _dispatch(argv):

@@ -216,8 +216,9 @@ def markdown_tables(result: dict) -> str:
     return "\n".join(lines)
 
 
-def update_docs(path: str, block: str) -> None:
-    start, end = "<!-- bench:cores -->", "<!-- /bench:cores -->"
+def update_docs(path: str, block: str, name: str = "cores") -> None:
+    """Replaces the block between '<!-- bench:NAME -->' and '<!-- /bench:NAME -->' in `path`."""
+    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
     p = pathlib.Path(path)
     text = p.read_text() if p.exists() else ""
     if start not in text or end not in text:
