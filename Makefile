@@ -39,7 +39,7 @@ bench-docs: venv
 reproduce: venv
 	$(PY) -m ssmgate.reproduce --scale=$(SCALE) --only=$(ONLY) --out_dir=runs/reproduce
 
-# Regenerates the committed cpu-scale report in docs/reproduction/ (on purpose, ~20 minutes).
+# Regenerates the committed cpu-scale report in docs/reproduction/ (on purpose, about 15 minutes).
 reproduce-docs: venv
 	$(PY) -m ssmgate.reproduce --scale=cpu --only=$(ONLY) --out_dir=runs/reproduce-cpu --docs_dir=docs/reproduction
 
