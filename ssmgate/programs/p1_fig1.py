@@ -376,7 +376,7 @@ def run_panel_long(cfg, out: RunDir) -> dict:
         summary.update(_summary_c(cfg, acc, deltas))
         p1_fig1_plots.plot_c(out.file("fig1c.png"), cfg, acc, deltas, summary)
     else:
-        summary.update(_summary_d(cfg, acc, deltas))  # its cells are distance bins
+        summary.update(_summary_d(cfg, acc, bayes, deltas))  # its cells are distance bins
         p1_fig1_plots.plot_d(out.file("fig1d.png"), cfg, acc, deltas, summary)
     return summary
 
@@ -447,13 +447,12 @@ def _summary_c(cfg, acc, deltas):
     }
 
 
-def _summary_d(cfg, acc, deltas):
+def _summary_d(cfg, acc, bayes, deltas):
     """Panel d's heat-map cells are (tau, distance bin): accuracy and Bayes accuracy averaged over the
     distances of a bin (each has n_test examples). The per-distance gap is reported too."""
     bins = delta_bins(cfg.ell, cfg.delta_bins)
     deltas = np.asarray(deltas)
     cols = [np.flatnonzero((deltas >= lo) & (deltas <= hi)) for lo, hi in bins]
-    bayes = np.array([[theory.bayes_accuracy(t, dl, cfg.d, cfg.ell, average=True) for dl in deltas] for t in cfg.tau])
     binned = np.array([[row[c].mean() for c in cols] for row in acc])
     binned_bayes = np.array([[row[c].mean() for c in cols] for row in bayes])
     out = {
