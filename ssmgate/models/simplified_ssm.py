@@ -5,8 +5,9 @@
 with tokens x~_t = (x_t, y~_t) in R^{d+1} and the query token x~_q = (x_q, 0). It is a single-head
 Mamba-2 layer with identity Q/K/V and unit step: keys x_t are B, the query x_q is C, the per-step
 decay is exp(a), and the query token reads the state after one more decay step, with x~_q as the
-skip term (D = 1) and no write of its own. The context is one prefill (`scalar_decay_state`) and the
-query one `scalar_decay_step`, so the toy and the full models share the recurrence.
+skip term and no write of its own. The context is one prefill (`scalar_decay_state`) and the query
+token one `scalar_decay_step` (its decay), read by x_q, so the toy and the full models share the
+recurrence.
 
 Parameters (paths in the params pytree): `w` (d + 1,), initialised to 0, and `log_rate` = lambda
 (scalar), initialised to `lambda0`. Decay quantities are derived from `log_rate`, never stored.
@@ -26,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from ssmgate.cores import scalar_decay_state, scalar_decay_step
-from ssmgate.tasks.perturbed_labels import IndexedBatch, LabelBatch
+from ssmgate.tasks.perturbed_labels import IndexedBatch, LabelBatch, query
 
 
 def retention(log_rate, distance):
@@ -42,36 +43,32 @@ class SimplifiedSSM(nn.Module):
         self.w = self.param("w", nn.initializers.zeros, (self.d + 1,))
         self.log_rate = self.param("log_rate", lambda _: jnp.asarray(self.lambda0, jnp.float32))
 
+    def _decay(self):
+        return -jnp.exp(self.log_rate)[None]  # A of the single head
+
     def _context_state(self, values_btp, keys_bld):
         """Runs the core over the context: values (b, ell, p) written along keys; returns (b, p, d)."""
         b, ell, _ = keys_bld.shape
-        A = -jnp.exp(self.log_rate)[None]
-        state = scalar_decay_state(values_btp[:, :, None, :], jnp.ones((b, ell, 1)), A, keys_bld[:, :, None, :])
+        state = scalar_decay_state(values_btp[:, :, None, :], jnp.ones((b, ell, 1)), self._decay(), keys_bld[:, :, None, :])
         return state[:, 0]
 
-    def _read(self, state_bpd, skip_bp, x_q_bd):
-        """The query token: one decay step with no write, read by x_q, plus the skip x~_q."""
+    def _query_step(self, state_bpd):
+        """The query token's step through the core: one decay, no write. Returns the state it reads,
+        (b, p, d); every path below reads it with x_q (a dot product) and adds the skip w^T x~_q."""
         b, p, d = state_bpd.shape
-        A = -jnp.exp(self.log_rate)[None]
-        y, _ = scalar_decay_step(state_bpd[:, None], skip_bp[:, None], jnp.ones((b, 1)), A,
-                                 jnp.zeros((b, 1, d)), x_q_bd[:, None], D=jnp.ones((1,)))
-        return y[:, 0]
+        zeros = jnp.zeros((b, 1, d))
+        _, decayed = scalar_decay_step(state_bpd[:, None], jnp.zeros((b, 1, p)), jnp.ones((b, 1)), self._decay(),
+                                       zeros, zeros)
+        return decayed[:, 0]
 
     def logits_at(self, keys_bld, labels_bl, query_pos_bk):
         """f for k queries per context (b, k): query j of row i is the key at position query_pos[i, j].
-
-        The query token's step (one decay, no write) runs once per context through the core; its
-        read of the decayed state by k different queries is then one matmul, plus the skip w^T x~_q.
-        """
+        The context state does not depend on the query, so k reads cost one matmul."""
         w_x, v = self.w[:-1], self.w[-1]
         values = keys_bld @ w_x + v * labels_bl  # r_t = w^T x~_t
-        state = self._context_state(values[..., None], keys_bld)  # (b, 1, d)
-        b, _, d = state.shape
-        A = -jnp.exp(self.log_rate)[None]
-        _, decayed = scalar_decay_step(state[:, None], jnp.zeros((b, 1, 1)), jnp.ones((b, 1)), A,
-                                       jnp.zeros((b, 1, d)), jnp.zeros((b, 1, d)))
+        read = self._query_step(self._context_state(values[..., None], keys_bld))[:, 0]  # (b, d)
         x_q = jnp.take_along_axis(keys_bld, query_pos_bk[..., None], axis=1)  # (b, k, d)
-        return jnp.einsum("bkd,bd->bk", x_q, decayed[:, 0, 0] + w_x)
+        return jnp.einsum("bkd,bd->bk", x_q, read + w_x)
 
     def logits_indexed(self, keys_pd, batch: IndexedBatch):
         """f (b,) for a batch given by dictionary indices, computed in the dictionary's basis."""
@@ -79,10 +76,10 @@ class SimplifiedSSM(nn.Module):
         key_values = keys_pd @ w_x  # w_x . x_i for every dictionary key
         values = key_values[batch.idx] + v * batch.labels
         onehot = jax.nn.one_hot(batch.idx, keys_pd.shape[0], dtype=values.dtype)
-        state = self._context_state(values[..., None], onehot)  # (b, 1, P): S = K^T state
+        read = self._query_step(self._context_state(values[..., None], onehot))[:, 0]  # (b, P): S = K^T read
         q_idx = jnp.take_along_axis(batch.idx, batch.query_pos[:, None], axis=1)[:, 0]
         gram_q = (keys_pd @ keys_pd.T)[q_idx]  # (b, P): x_i . x_q; P^2 d work instead of b P d
-        return self._read(state, key_values[q_idx][:, None], gram_q)[:, 0]
+        return jnp.sum(read * gram_q, axis=-1) + key_values[q_idx]
 
     def __call__(self, batch: LabelBatch | IndexedBatch, keys_pd=None):
         """f (b,) for the batch's queries; an IndexedBatch needs the dictionary keys (P, d)."""
@@ -95,11 +92,10 @@ class SimplifiedSSM(nn.Module):
     def hidden_state(self, batch: LabelBatch):
         """h (b, d + 1) of SPEC §2.2 by the full (d+1)-channel recurrence."""
         tokens = jnp.concatenate([batch.keys, batch.labels[..., None]], axis=-1)
-        state = self._context_state(tokens, batch.keys)  # (b, d + 1, d)
-        rows = jnp.arange(tokens.shape[0])
-        x_q = batch.keys[rows, batch.query_pos]
+        read = self._query_step(self._context_state(tokens, batch.keys))  # (b, d + 1, d)
+        x_q, _ = query(batch)
         skip = jnp.concatenate([x_q, jnp.zeros_like(x_q[:, :1])], axis=-1)
-        return self._read(state, skip, x_q)
+        return jnp.einsum("bpd,bd->bp", read, x_q) + skip
 
 
 def logistic_loss(logits, targets):
