@@ -7,7 +7,7 @@ from pathlib import Path
 
 PAPER = {  # the paper's readings and SPEC §2.6 / §9.1 references
     "alpha_star": 0.158, "no_decay_accuracy": 0.638,
-    "crossing_range": (0.15, 0.21), "sgd_over_flow_tolerance": 0.4, "bayes_tolerance": 0.03,
+    "crossing_range": (0.15, 0.21), "bayes_tolerance": 0.03,
     "no_decay_tolerance": 0.02,
 }
 
@@ -81,7 +81,7 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
         md.append("### Fig 1a: margins after 25 SGD steps\n\n![Fig 1a](figures/fig1a.png)\n")
         md.append(_table(["quantity", "paper", "theory", "ours"], [
             ["α0 where δ_r = δ_m after the run", "α* ≈ 0.158 marks the switch", f"{_f(a['flow_crossing_alpha0'])} (gradient flow at t = {_f(a['flow_time'])})", a["crossing_alpha0"]],
-            ["α* = √((1−2ε)/P)", 0.158, a["alpha_star"], "–"],
+            ["α* = √((1−2ε)/P)", PAPER["alpha_star"], a["alpha_star"], "–"],
             ["exact equal-initial-rate point", "–", a["equal_rate_alpha"], "–"],
         ]))
     b = runs.get("fig1b")
