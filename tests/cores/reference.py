@@ -136,3 +136,38 @@ def damped(x, dt, a, nu, B, C, D=None, *, regime, c=0.9, trap=None, state=None):
                 y[bb, k, i] = S[bb, i] @ C[bb, k, grp] + (0.0 if D is None else D[i] * x[bb, k, i])
                 B_prev[bb, i], x_prev[bb, i] = B[bb, k, grp], x[bb, k, i]
     return y, (S, B_prev, x_prev)
+
+
+def rotation_mimo(x, dt, A, B, C, theta, D=None, trap=None, state=None):
+    """SPEC 1.3.3, rank R: x (b,t,h,R,p), B/C (b,t,g,R,n); every rank column of B and C is rotated
+    by the head's phase; the state (p, n) takes the rank-R write X^T B~ and gives R reads S C~^T.
+    state = (phase (b,h,r), S (b,h,p,n), B_prev (b,h,R,n), x_prev (b,h,R,p)) or None."""
+    x, dt, A, B, C, theta, D, trap = _f64(x, dt, A, B, C, theta, D, trap)
+    b, t, h, R, p = x.shape
+    g, n = B.shape[2], B.shape[4]
+    r = theta.shape[3]
+    A = _per_token(A, b, t, h)
+    lam = np.ones((b, t, h)) if trap is None else trap
+    if state is None:
+        phase, S = np.zeros((b, h, r)), np.zeros((b, h, p, n))
+        B_prev, x_prev = np.zeros((b, h, R, n)), np.zeros((b, h, R, p))
+    else:
+        phase, S, B_prev, x_prev = (np.array(s, dtype=np.float64) for s in state)
+    y = np.zeros((b, t, h, R, p))
+    for k in range(t):
+        for bb in range(b):
+            for i in range(h):
+                grp = i // (h // g)
+                phase[bb, i] = np.mod(phase[bb, i] + dt[bb, k, i] * theta[bb, k, i], TWO_PI)
+                Bt, Ct = B[bb, k, grp].copy(), C[bb, k, grp].copy()  # (R, n): one row per rank
+                for j in range(r):
+                    Rm = rot2(phase[bb, i, j])
+                    Bt[:, 2 * j:2 * j + 2] = Bt[:, 2 * j:2 * j + 2] @ Rm.T
+                    Ct[:, 2 * j:2 * j + 2] = Ct[:, 2 * j:2 * j + 2] @ Rm.T
+                a = np.exp(dt[bb, k, i] * A[bb, k, i])
+                beta = (1 - lam[bb, k, i]) * dt[bb, k, i] * a
+                gamma = lam[bb, k, i] * dt[bb, k, i]
+                S[bb, i] = a * S[bb, i] + beta * x_prev[bb, i].T @ B_prev[bb, i] + gamma * x[bb, k, i].T @ Bt
+                y[bb, k, i] = Ct @ S[bb, i].T + (0.0 if D is None else D[i] * x[bb, k, i])
+                B_prev[bb, i], x_prev[bb, i] = Bt, x[bb, k, i]
+    return y, (phase, S, B_prev, x_prev)
