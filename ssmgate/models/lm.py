@@ -1,0 +1,122 @@
+"""Language-model stack: embedding, `cfg.n_layers` pre-norm residual blocks, final norm, head.
+
+`LanguageModel(cfg).__call__(tokens_bt, cache=None) -> (logits_btv float32, cache)`. `cache` is a
+list with one entry per layer (the mixer's or the attention's cache, None = start of sequence);
+the returned list continues the sequence, so running tokens in two pieces equals one run.
+Transformer layers need room for the whole sequence: start from `LanguageModel.init_cache`
+(an SSM layer's entry stays None there) or grow a returned cache (`KVCache.grow`).
+The residual stream is float32 (as Mamba's residual_in_fp32); sublayers compute in cfg.dtype.
+
+Params pytree (plain nested dict; d = d_model, V = vocab_size, f = MLP width):
+  embed/embedding                 (V, d), N(0, 0.02)
+  layers_{i}/...                  i = 0 .. n_layers - 1:
+    mamba2 | mamba3:  norm/scale (d,)  mixer/... (Mamba2Mixer / Mamba3Mixer, see mamba2.py, mamba3.py)
+                      and when cfg.mlp != "none":  mlp_norm/scale (d,)  mlp/... (see transformer.MLP)
+    gpt_neox | llama: attn_norm, attn, mlp_norm, mlp (see transformer.py)
+  final_norm/scale (d,)           (+ final_norm/bias (d,) for gpt_neox: LayerNorm)
+  lm_head/kernel                  (d, V), only when cfg.tie_embeddings is False;
+                                  tied: logits = h @ embed/embedding^T
+Gate parameters therefore live at  layers_{i}/mixer/A_log, layers_{i}/mixer/dt_bias, ...
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import flax
+import flax.linen as nn
+import jax.numpy as jnp
+
+from ssmgate.models.attention import KVCache
+from ssmgate.models.config import ModelCfg
+from ssmgate.models.layers import RMSNorm
+from ssmgate.models.mamba2 import Mamba2Mixer
+from ssmgate.models.mamba3 import Mamba3Mixer
+from ssmgate.models.transformer import TRANSFORMER_BLOCKS, compute_dtype, make_mlp
+
+embed_init = nn.initializers.normal(0.02)
+
+
+MIXERS = {"mamba2": Mamba2Mixer, "mamba3": Mamba3Mixer}
+
+
+def mixer_class(block: str):
+    """The SSM mixer module of `block`."""
+    if block not in MIXERS:
+        raise ValueError(f"mixer_class: block={block!r}; expected one of {sorted(MIXERS)}")
+    return MIXERS[block]
+
+
+class MixerBlock(nn.Module):
+    """x + mixer(RMS x), then, with an MLP, + mlp(RMS .)."""
+    cfg: ModelCfg
+
+    @nn.compact
+    def __call__(self, x_btd, cache=None):
+        cfg = self.cfg
+        mixed_btd, cache = mixer_class(cfg.block)(cfg, name="mixer")(
+            RMSNorm(cfg.norm_eps, compute_dtype(cfg), name="norm")(x_btd), cache)
+        x_btd = x_btd + mixed_btd.astype(x_btd.dtype)
+        if cfg.mlp != "none":
+            mlp_in_btd = RMSNorm(cfg.norm_eps, compute_dtype(cfg), name="mlp_norm")(x_btd)
+            x_btd = x_btd + make_mlp(cfg)(mlp_in_btd).astype(x_btd.dtype)
+        return x_btd, cache
+
+
+def block_class(block: str):
+    return TRANSFORMER_BLOCKS.get(block, MixerBlock)
+
+
+class LanguageModel(nn.Module):
+    cfg: ModelCfg
+
+    @nn.compact
+    def __call__(self, tokens_bt, cache: Optional[list] = None):
+        cfg = self.cfg
+        if tokens_bt.ndim != 2 or not jnp.issubdtype(tokens_bt.dtype, jnp.integer):
+            raise ValueError(f"LanguageModel: tokens have shape {tokens_bt.shape} and dtype {tokens_bt.dtype}; "
+                             f"expected integer (batch, time)")
+        if cache is not None and len(cache) != cfg.n_layers:
+            raise ValueError(f"LanguageModel: cache has {len(cache)} entries; expected one per layer ({cfg.n_layers})")
+        embed = nn.Embed(cfg.vocab_size, cfg.d_model, embedding_init=embed_init, param_dtype=jnp.float32,
+                         name="embed")
+        h_btd = embed(tokens_bt).astype(jnp.float32)
+        caches = []
+        for i in range(cfg.n_layers):
+            h_btd, layer_cache = block_class(cfg.block)(cfg, name=f"layers_{i}")(
+                h_btd, None if cache is None else cache[i])
+            caches.append(layer_cache)
+        if cfg.block == "gpt_neox":
+            final_norm = nn.LayerNorm(cfg.norm_eps, dtype=compute_dtype(cfg), param_dtype=jnp.float32,
+                                      name="final_norm")
+        else:
+            final_norm = RMSNorm(cfg.norm_eps, compute_dtype(cfg), name="final_norm")
+        h_btd = final_norm(h_btd)
+        if cfg.tie_embeddings:
+            head_dv = embed.embedding.T
+        else:
+            head_dv = self.param("lm_head", lambda key: {"kernel": embed_init(key, (cfg.d_model, cfg.vocab_size))})
+            head_dv = head_dv["kernel"]
+        # bf16 operands, float32 accumulation and result: the loss sees float32 logits.
+        logits_btv = jnp.einsum("btd,dv->btv", h_btd, head_dv.astype(h_btd.dtype),
+                                preferred_element_type=jnp.float32)
+        return logits_btv, caches
+
+    def init_cache(self, batch: int, capacity: int) -> list:
+        """Empty per-layer caches: a KVCache with `capacity` slots for each attention layer,
+        None (= zero state) for each SSM layer."""
+        cfg = self.cfg
+        if cfg.block not in TRANSFORMER_BLOCKS:
+            return [None] * cfg.n_layers
+        head_dim = cfg.d_model // cfg.n_heads
+        return [KVCache.empty(batch, capacity, cfg.n_heads, head_dim, compute_dtype(cfg))
+                for _ in range(cfg.n_layers)]
+
+
+def build_model(cfg: ModelCfg) -> LanguageModel:
+    return LanguageModel(cfg.validate())
+
+
+def init_params(cfg: ModelCfg, key, seq_len: int = 8) -> dict:
+    """Initial parameters (plain dict pytree, float32) from a (1, seq_len) dummy batch."""
+    variables = build_model(cfg).init(key, jnp.zeros((1, seq_len), jnp.int32))
+    return flax.core.unfreeze(variables["params"])
