@@ -1,0 +1,65 @@
+"""The train and eval steps: pure functions of (state, batch), jitted once by the caller.
+
+A step whose loss or gradient is not finite returns its input state unchanged and says why in
+`metrics["nonfinite"]`, so the loop can stop on the last good state instead of training on NaN.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from ssmgate.train.optim import current_learning_rate
+from ssmgate.train.state import TrainState
+
+FINITE, LOSS_NONFINITE, GRAD_NONFINITE = 0, 1, 2  # values of metrics["nonfinite"]
+
+
+def cast_floating(tree, dtype):
+    """Floating leaves to `dtype`; integer leaves untouched."""
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def _all_finite(tree) -> jax.Array:
+    # per leaf rather than via the global norm, whose sum of squares can overflow on finite grads
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, compute_dtype=jnp.float32):
+    """`loss_fn(params, batch, rng) -> (loss, aux)` with aux a dict of scalars. Returns
+    `step(state, batch) -> (state, metrics)`; metrics: loss, grad_norm (before clipping), lr (the
+    one this update used), nonfinite (0 ok, 1 loss, 2 a gradient) and aux."""
+    def loss_in_compute_dtype(params, batch, rng):
+        # The cast is inside the differentiated function, so gradients come back float32.
+        loss, aux = loss_fn(cast_floating(params, compute_dtype), batch, rng)
+        return loss.astype(jnp.float32), aux
+
+    grad_fn = jax.value_and_grad(loss_in_compute_dtype, has_aux=True)
+
+    def step(state: TrainState, batch):
+        rng = jax.random.fold_in(state.rng, state.step)
+        (loss, aux), grads = grad_fn(state.params, batch, rng)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        new = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                            opt_state=opt_state)
+        code = jnp.where(~jnp.isfinite(loss), LOSS_NONFINITE,
+                         jnp.where(_all_finite(grads), FINITE, GRAD_NONFINITE)).astype(jnp.int32)
+        keep = code == FINITE
+        new = jax.tree.map(lambda n, o: jnp.where(keep, n, o), new, state)
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
+                   "lr": current_learning_rate(opt_state), "nonfinite": code}
+        if clash := sorted(set(aux) & set(metrics)):
+            raise ValueError(f"loss_fn aux metrics {clash} clash with the step's own metrics {sorted(metrics)}")
+        return new, {**metrics, **aux}
+
+    return step
+
+
+def make_eval_step(metric_fn: Callable, *, compute_dtype=jnp.float32):
+    """`metric_fn(params, batch) -> dict of scalars`; returns `eval_step(state, batch) -> metrics`."""
+    def eval_step(state: TrainState, batch):
+        return metric_fn(cast_floating(state.params, compute_dtype), batch)
+
+    return eval_step

@@ -1,0 +1,127 @@
+"""The train step: updates, metrics, per-step rng, non-finite guard, bf16 compute, vmapped sweeps."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ssmgate.train import optim
+from ssmgate.train.optim import OptimCfg, make_optimizer
+from ssmgate.train.state import TrainState
+from ssmgate.train.step import make_eval_step, make_train_step
+
+CFG = OptimCfg(name="adamw", lr=1e-2, warmup_steps=2, total_steps=10, weight_decay=0.0)
+
+
+def init_params():
+    return {"dense": {"kernel": jnp.array([[0.5, -1.0], [2.0, 0.0]]), "bias": jnp.zeros(2)}}
+
+
+def loss_fn(params, batch, rng):
+    """Least squares; `batch["eps"]` = 0 makes the loss finite but its gradient 0/0 at a zero weight."""
+    pred = batch["x"] @ params["dense"]["kernel"] + params["dense"]["bias"]
+    loss = jnp.mean((pred - batch["y"]) ** 2) + jnp.sum(jnp.sqrt(params["dense"]["kernel"] ** 2 + batch["eps"]))
+    return loss, {"noise": jax.random.uniform(rng), "dtype_bits": jnp.float32(jnp.finfo(pred.dtype).bits)}
+
+
+def batch(x_fill=1.0, eps=1.0):
+    return {"x": jnp.full((4, 2), x_fill), "y": jnp.ones((4, 2)), "eps": jnp.float32(eps)}
+
+
+def fresh_state(tx, seed=0):
+    return TrainState.create(init_params(), tx, jax.random.key(seed))
+
+
+def assert_states_equal(a, b):
+    a, b = (s.replace(rng=jax.random.key_data(s.rng)) for s in (a, b))
+    jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+def test_step_updates_params_and_reports_metrics():
+    tx = make_optimizer(CFG)
+    step = jax.jit(make_train_step(loss_fn, tx))
+    state = fresh_state(tx)
+    lrs = []
+    for _ in range(3):
+        new, metrics = step(state, batch())
+        lrs.append(float(metrics["lr"]))
+        assert int(metrics["nonfinite"]) == 0 and metrics["nonfinite"].dtype == jnp.int32
+        assert int(new.step) == int(state.step) + 1
+        state = new
+    # the lr metric is the one each update used: peak * (0, 1/2, 1) over the 2-step warmup
+    np.testing.assert_allclose(lrs, [0.0, 5e-3, 1e-2], rtol=1e-6)
+    assert not np.allclose(state.params["dense"]["kernel"], init_params()["dense"]["kernel"])
+    assert set(metrics) == {"loss", "grad_norm", "lr", "nonfinite", "noise", "dtype_bits"}
+    assert float(metrics["grad_norm"]) > 0
+
+
+def test_rng_is_folded_per_step():
+    tx = make_optimizer(CFG)
+    step = jax.jit(make_train_step(loss_fn, tx))
+    state = fresh_state(tx, seed=3)
+    noises = []
+    for k in range(2):
+        state, metrics = step(state, batch())
+        noises.append(float(metrics["noise"]))
+        assert noises[-1] == float(jax.random.uniform(jax.random.fold_in(jax.random.key(3), k)))
+    assert noises[0] != noises[1]
+
+
+@pytest.mark.parametrize("bad_batch, code", [(batch(x_fill=jnp.nan), 1), (batch(eps=0.0), 2)])
+def test_nonfinite_returns_the_input_state_and_says_why(bad_batch, code):
+    tx = make_optimizer(CFG)
+    step = jax.jit(make_train_step(loss_fn, tx))
+    state, _ = step(fresh_state(tx), batch())  # one good step, so moments and counts are non-zero
+    new, metrics = step(state, bad_batch)
+    assert int(metrics["nonfinite"]) == code
+    assert np.isfinite(float(metrics["loss"])) == (code == 2)
+    assert_states_equal(new, state)
+
+
+def test_bf16_compute_keeps_float32_params_and_optimizer_state():
+    for name in ("adamw", "muon"):
+        tx = make_optimizer(dataclasses.replace(CFG, name=name))
+        step = jax.jit(make_train_step(loss_fn, tx, compute_dtype=jnp.bfloat16))
+        state = fresh_state(tx)
+        for _ in range(3):
+            state, metrics = step(state, batch())
+        assert int(metrics["dtype_bits"]) == 16  # the forward pass ran in bf16
+        assert int(metrics["nonfinite"]) == 0
+        floats = [x.dtype for x in jax.tree.leaves((state.params, state.opt_state))
+                  if jnp.issubdtype(x.dtype, jnp.floating)]
+        assert all(d == jnp.float32 for d in floats), floats
+
+
+def test_create_rejects_bf16_params():
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), init_params())
+    with pytest.raises(ValueError, match=r"params must be float32 .* dense/bias: bfloat16"):
+        TrainState.create(params, make_optimizer(CFG), jax.random.key(0))
+
+
+def test_vmapped_step_gives_each_replica_its_lr():
+    tx = make_optimizer(CFG)
+    step = jax.jit(jax.vmap(make_train_step(loss_fn, tx), in_axes=(0, None)))
+    states = jax.vmap(lambda k: TrainState.create(init_params(), tx, k))(jax.random.split(jax.random.key(0), 2))
+    states = states.replace(opt_state=optim.set_learning_rate(states.opt_state, jnp.array([1e-3, 1e-2])))
+    for _ in range(3):
+        states, metrics = step(states, batch())
+    np.testing.assert_allclose(metrics["lr"], [1e-3, 1e-2], rtol=1e-6)
+    moved = [float(jnp.abs(states.params["dense"]["kernel"][i] - init_params()["dense"]["kernel"]).max())
+             for i in range(2)]
+    assert moved[1] > 5 * moved[0]
+
+
+def test_aux_metric_clash_is_an_error():
+    tx = make_optimizer(CFG)
+    step = make_train_step(lambda p, b, r: (loss_fn(p, b, r)[0], {"lr": 0.0}), tx)
+    with pytest.raises(ValueError, match=r"aux metrics \['lr'\] clash"):
+        step(fresh_state(tx), batch())
+
+
+def test_eval_step_uses_state_params_in_compute_dtype():
+    metric_fn = lambda params, b: {"loss": loss_fn(params, b, jax.random.key(0))[0],
+                                   "dtype_bits": jnp.finfo(params["dense"]["kernel"].dtype).bits}
+    state = fresh_state(make_optimizer(CFG))
+    out = make_eval_step(metric_fn, compute_dtype=jnp.bfloat16)(state, batch())
+    assert out["dtype_bits"] == 16 and np.isfinite(float(out["loss"]))
