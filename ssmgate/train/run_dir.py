@@ -67,6 +67,28 @@ class RunDir:
             os.fsync(f.fileno())
 
 
+    def read_metrics(self) -> list[dict]:
+        path = self.file("metrics.jsonl")
+        if not path.exists():
+            return []
+        records = []
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # a line cut by a kill mid-write: everything before it is intact
+        return records
+
+    def truncate_metrics(self, last_step: int) -> int:
+        """Drops metrics lines with step > last_step (written after the checkpoint a run resumes
+        from); returns how many were dropped."""
+        records = self.read_metrics()
+        keep = [r for r in records if r.get("step", 0) <= last_step]
+        text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in keep)
+        _atomic_write(self.file("metrics.jsonl"), text)
+        return len(records) - len(keep)
+
+
 class Progress:
     """Prints `[name] what k/total (pct) | extra | elapsed, ETA` lines for long loops."""
 

@@ -1,0 +1,108 @@
+"""Metric sinks of the loop: metrics.jsonl (always), TensorBoard event files (when tensorboardX is
+installed: `pip install -e '.[tensorboard]'`) and the curves plotted at the end of a run.
+
+A metric value is a scalar or a per-replica vector (a sweep); TensorBoard gets one tag per
+replica (`loss/r3`), the JSON line keeps the vector.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import jax
+import numpy as np
+
+from ssmgate.train.run_dir import RunDir
+
+
+def _tensorboard_writer(logdir):
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(str(logdir))
+
+
+class MetricWriters:
+    """Writes on process 0 only (every process of a multi-host run holds the same global metrics)."""
+
+    def __init__(self, run_dir: RunDir, *, tensorboard: bool = True):
+        self.run_dir = run_dir
+        self.active = jax.process_index() == 0
+        self.tb = _tensorboard_writer(run_dir.file("tensorboard")) if tensorboard and self.active else None
+
+    def write(self, step: int, metrics: dict, *, kind: str) -> None:
+        if not self.active:
+            return
+        self.run_dir.log_metrics({"step": int(step), "kind": kind, **metrics})
+        if self.tb is None:
+            return
+        for name, value in metrics.items():
+            arr = np.asarray(value)
+            if arr.dtype.kind not in "fiub":
+                continue
+            if arr.ndim == 0:
+                self.tb.add_scalar(f"{kind}/{name}", float(arr), step)
+            else:
+                for r, v in enumerate(arr.reshape(-1)):
+                    self.tb.add_scalar(f"{kind}/{name}/r{r}", float(v), step)
+        self.tb.flush()
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def curves(records: list[dict], kind: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """name -> (steps, values (n,) or (n, K)) for the records of one kind."""
+    series = defaultdict(list)
+    for r in records:
+        if r.get("kind") != kind:
+            continue
+        for name, v in r.items():
+            if name in ("step", "kind") or v is None or isinstance(v, str):
+                continue
+            series[name].append((r["step"], np.asarray(v, np.float64)))
+    out = {}
+    for name, pts in series.items():
+        try:
+            out[name] = (np.array([s for s, _ in pts]), np.stack([v for _, v in pts]))
+        except ValueError:
+            continue  # a metric whose shape changed between records is not plotted
+    return out
+
+
+def plot_curves(run_dir: RunDir, names=("loss", "accuracy", "seq_accuracy"), labels=None) -> list[str]:
+    """Writes curves.png (train loss and accuracies, eval metrics; one line per replica);
+    returns the written file names ([] when matplotlib is missing or there is nothing to plot)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    records = run_dir.read_metrics()
+    panels = []
+    for kind in ("train", "eval"):
+        c = curves(records, kind)
+        for name in names:
+            key = name if kind == "train" else f"eval_{name}"
+            if key in c:
+                panels.append((kind, key, *c[key]))
+    if not panels:
+        return []
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
+    for ax, (kind, key, steps, values) in zip(axes[0], panels):
+        values = values.reshape(len(steps), -1)
+        for r in range(values.shape[1]):
+            label = labels[r] if labels is not None and r < len(labels) else None
+            ax.plot(steps, values[:, r], label=label, lw=1.2)
+        ax.set_title(f"{kind}: {key}")
+        ax.set_xlabel("step")
+        if key.endswith("loss"):
+            ax.set_yscale("log")
+    if labels is not None and len(labels) <= 16:
+        axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(run_dir.file("curves.png"), dpi=110)
+    plt.close(fig)
+    return ["curves.png"]

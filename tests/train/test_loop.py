@@ -1,0 +1,154 @@
+"""The training loop in process: a planted NaN, a corrupted checkpoint, resume, and a sweep of K
+replicas against K separate runs."""
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ssmgate.train import loop, sweep
+from ssmgate.train.optim import OptimCfg, make_optimizer, set_learning_rate
+from ssmgate.train.run_dir import RunDir
+from ssmgate.train.state import TrainState
+from ssmgate.train.step import make_train_step
+
+D = 6
+
+
+def loss_fn(params, batch, rng):
+    del rng
+    pred = jnp.tanh(batch["x"] @ params["w1"]["kernel"]) @ params["w2"]["kernel"]
+    loss = jnp.mean((pred - batch["y"]) ** 2)
+    return loss, {"mse": loss}
+
+
+def init_params(key, offset=0.0):
+    k1, k2 = jax.random.split(key)
+    return {"w1": {"kernel": jax.random.normal(k1, (D, 8)) / 3 + offset},
+            "w2": {"kernel": jax.random.normal(k2, (8, 1)) / 3}}
+
+
+def batch_of(seed, k, nan_at=None):
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), k)
+    x = jax.random.normal(key, (16, D))
+    y = jnp.sin(x.sum(axis=1, keepdims=True))
+    if nan_at is not None:
+        x = jnp.where(k == nan_at, jnp.nan, x)
+    return {"x": x, "y": y}
+
+
+TX = make_optimizer(OptimCfg(name="adamw", lr=1e-2, total_steps=12, warmup_steps=2, weight_decay=0.0))
+
+
+def single(seed=0, lr=1e-2):
+    def init():
+        k_init, k_rng = jax.random.split(jax.random.PRNGKey(seed))
+        s = TrainState.create(init_params(k_init), TX, k_rng)
+        return s.replace(opt_state=set_learning_rate(s.opt_state, lr))
+    return init
+
+
+def run_single(path, steps=12, nan_at=None, ckpt_every=4, seed=0, lr=1e-2):
+    init = single(seed, lr)
+    step = jax.jit(make_train_step(loss_fn, TX))
+    cfg = loop.LoopCfg(steps=steps, log_every=2, ckpt_every=ckpt_every, tensorboard=False)
+    return loop.run(RunDir(path), cfg, init_state=init, abstract_state=jax.eval_shape(init), step_fn=step,
+                    batch_fn=lambda k: batch_of(seed, k, nan_at), meta={}, fingerprint="f")
+
+
+def records(path):
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_planted_nan_stops_with_step_quantity_and_keeps_last_good_state(tmp_path):
+    with pytest.raises(loop.TrainingDiverged) as err:
+        run_single(tmp_path, nan_at=6)
+    assert "step 7: the loss is not finite" in str(err.value) and "step 6" in str(err.value)
+    assert (tmp_path / "checkpoints" / "6").is_dir()
+    assert records(tmp_path)[-1] == {"step": 7, "kind": "error", "error": "step 7: the loss is not finite"}
+    good = run_single(tmp_path / "ref", steps=6)  # the same run stopped before the NaN
+    restored = loop.Checkpointer(tmp_path / "checkpoints").restore(jax.eval_shape(single()))[1]
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(restored.params), jax.tree.leaves(good.state.params)))
+
+
+def test_resume_after_interruption_is_bit_identical_and_drops_later_metrics(tmp_path):
+    full = run_single(tmp_path / "full")
+    part = tmp_path / "part"
+    run_single(part, steps=12, ckpt_every=4)
+    # Simulate a kill after step 9: keep checkpoints <= 8 and the metrics written up to step 10.
+    import shutil
+    shutil.rmtree(part / "checkpoints" / "12")
+    lines = [r for r in records(part) if r["step"] <= 10]
+    (part / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    resumed = run_single(part)
+    assert resumed.resumed_from == 8
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(resumed.state), jax.tree.leaves(full.state)))
+    steps = [r["step"] for r in records(part) if r["kind"] == "train"]
+    assert steps == [2, 4, 6, 8, 10, 12]  # step 10 was written once again after the resume, not twice
+
+
+def test_corrupted_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
+    full = run_single(tmp_path / "full")
+    part = tmp_path / "part"
+    run_single(part)
+    for f in (part / "checkpoints" / "12").rglob("*"):
+        if f.is_file() and f.stat().st_size > 0:
+            f.write_bytes(b"garbage")
+    resumed = run_single(part)
+    assert resumed.resumed_from == 8
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(resumed.state), jax.tree.leaves(full.state)))
+
+
+def test_fingerprint_mismatch_refuses_to_resume(tmp_path):
+    run_single(tmp_path, steps=4)
+    init = single()
+    cfg = loop.LoopCfg(steps=8, log_every=2, tensorboard=False)
+    with pytest.raises(loop.CheckpointError, match="fingerprint"):
+        loop.run(RunDir(tmp_path), cfg, init_state=init, abstract_state=jax.eval_shape(init),
+                 step_fn=jax.jit(make_train_step(loss_fn, TX)), batch_fn=lambda k: batch_of(0, k), meta={},
+                 fingerprint="other")
+
+
+def test_sweep_of_k_replicas_equals_k_separate_runs(tmp_path):
+    replicas = sweep.grid(seeds=[0, 1], lrs=[1e-2, 3e-3])
+    state = sweep.init_sweep(replicas, init_params, TX)
+    vstep = jax.jit(sweep.sweep_step(make_train_step(loss_fn, TX)))
+    seeds = jnp.array([r.seed for r in replicas])
+    batch_k = jax.jit(lambda k: jax.vmap(lambda s: batch_of(s, k))(seeds))
+    cfg = loop.LoopCfg(steps=12, log_every=4, tensorboard=False)
+    result = loop.run(RunDir(tmp_path / "sweep"), cfg, init_state=lambda: state, abstract_state=jax.eval_shape(lambda: state),
+                      step_fn=vstep, batch_fn=batch_k, meta={}, fingerprint="s")
+    for r, rep in enumerate(replicas):
+        one = run_single(tmp_path / f"r{r}", seed=rep.seed, lr=rep.lr)
+        for a, b in zip(jax.tree.leaves(one.state.params), jax.tree.leaves(result.state.train.params)):
+            np.testing.assert_allclose(b[r], a, rtol=1e-5, atol=1e-7)
+
+
+def test_sweep_freezes_a_diverged_replica_and_stops_replicas_by_rule():
+    replicas = sweep.grid(seeds=[0], lrs=[1e-2, 1e-2])
+    state = sweep.init_sweep(replicas, init_params, TX)
+    step = sweep.sweep_step(make_train_step(loss_fn, TX))
+    x = jnp.stack([batch_of(0, 0)["x"], jnp.full((16, D), jnp.nan)])
+    batch = {"x": x, "y": jnp.stack([batch_of(0, 0)["y"]] * 2)}
+    new, _ = jax.jit(step)(state, batch)
+    new, _ = jax.jit(step)(new, batch)  # the first step of the warmup has lr 0
+    assert np.asarray(new.diverged).tolist() == [False, True] and np.asarray(new.active).tolist() == [True, False]
+    for a, b in zip(jax.tree.leaves(new.train.params), jax.tree.leaves(state.train.params)):
+        np.testing.assert_array_equal(a[1], b[1])  # the diverged replica keeps its last good state
+        assert not np.array_equal(a[0], b[0])
+    assert "frozen" in sweep.report_divergence(new, [r.label for r in replicas])[0]
+    rule = sweep.after_eval(sweep.StopRule("acc", escape_thr=0.5, stop_thr=0.9), ["a", "b"])
+    s2 = rule(state, 10, {"acc": np.array([0.95, 0.6])})
+    assert np.asarray(s2.escape_step).tolist() == [10, 10] and np.asarray(s2.active).tolist() == [False, True]
+    s3 = rule(s2, 20, {"acc": np.array([0.99, 0.7])})
+    assert np.asarray(s3.escape_step).tolist() == [10, 10] and np.asarray(s3.stopped_step).tolist() == [10, -1]
+    with pytest.raises(KeyError, match="acc"):
+        sweep.after_eval(sweep.StopRule("acc", 0.5), ["a"])(state, 1, {"loss": np.zeros(2)})
+
+
+def test_loop_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="steps=0"):
+        loop.LoopCfg(steps=0).validate()
+    with pytest.raises(ValueError, match="eval_every=-1"):
+        loop.LoopCfg(steps=3, eval_every=-1).validate()
