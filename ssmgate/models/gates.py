@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ssmgate.tree_paths import key_name, path_tuple
+
 GATE_NAME = "A_log"
 DT_BIAS_NAME = "dt_bias"
 
@@ -50,21 +52,10 @@ def dt_bias_init(cfg, key):
     return softplus_inverse(jnp.maximum(dt, cfg.dt_floor))
 
 
-def _key_name(k) -> str:
-    for attr in ("key", "name", "idx"):
-        if hasattr(k, attr):
-            return str(getattr(k, attr))
-    return str(k)
-
-
-def _path(keypath) -> tuple:
-    return tuple(_key_name(k) for k in keypath)
-
-
 def gate_paths(params) -> list[tuple]:
     """Every A_log in the pytree, as tuples of keys, in flattening order."""
     leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-    return [_path(kp) for kp, _ in leaves if kp and _key_name(kp[-1]) == GATE_NAME]
+    return [path_tuple(kp) for kp, _ in leaves if kp and key_name(kp[-1]) == GATE_NAME]
 
 
 def _require_gates(params, fn: str) -> None:
@@ -75,7 +66,7 @@ def _require_gates(params, fn: str) -> None:
 
 def _edit_gates(params, edit):
     def f(kp, leaf):
-        return edit(leaf) if kp and _key_name(kp[-1]) == GATE_NAME else leaf
+        return edit(leaf) if kp and key_name(kp[-1]) == GATE_NAME else leaf
     return jax.tree_util.tree_map_with_path(f, params)
 
 

@@ -27,6 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from ssmgate.train.run_dir import to_jsonable
+from ssmgate.tree_paths import path_str
 
 log = logging.getLogger(__name__)
 
@@ -54,21 +55,9 @@ def _jsonable(obj, what: str):
         raise CheckpointError(f"{what} must be JSON-serializable: {e}") from e
 
 
-def _path_str(path) -> str:
-    # Orbax stores namedtuples/dataclasses as dicts and tuples as lists, so compare key names only.
-    parts = []
-    for k in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(k, attr):
-                parts.append(str(getattr(k, attr)))
-                break
-        else:
-            parts.append(str(k))
-    return "/".join(parts) or "<root>"
-
-
 def _flat(tree) -> dict:
-    return {_path_str(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    # Orbax stores namedtuples/dataclasses as dicts and tuples as lists: compare key names only.
+    return {path_str(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def _stored_form(shape, dtype) -> tuple[tuple, np.dtype]:

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from ssmgate.train.checkpoint import CheckpointError, Checkpointer  # noqa: F401  (CheckpointError re-exported)
-from ssmgate.train.run_dir import RunDir, to_jsonable
+from ssmgate.train.run_dir import RunDir, say, to_jsonable
 from ssmgate.train.writers import MetricWriters
 
 NONFINITE_WHAT = {1: "the loss", 2: "a gradient"}
@@ -71,11 +71,6 @@ def _mean_records(records: list[dict]) -> dict:
     return {k: np.mean(np.stack([np.asarray(r[k], np.float64) for r in records]), axis=0) for k in keys}
 
 
-def _say(text: str) -> None:
-    if jax.process_index() == 0:  # one progress display for a multi-host run
-        print(text, flush=True)
-
-
 def _short(metrics: dict, keys=("loss", "accuracy", "seq_accuracy", "grad_norm")) -> str:
     parts = []
     for k in keys:
@@ -104,7 +99,7 @@ def run(run_dir: RunDir, cfg: LoopCfg, *, init_state: Callable[[], Any], abstrac
         start, state, _ = ckpt.restore(abstract_state, expect_fingerprint=fingerprint)
         resumed_from = start
         dropped = run_dir.truncate_metrics(start) if jax.process_index() == 0 else 0
-        _say(f"[{cfg.name}] resumed from the checkpoint of step {start}"
+        say(f"[{cfg.name}] resumed from the checkpoint of step {start}"
              + (f" (dropped {dropped} metrics lines written after it)" if dropped else ""))
     else:
         start, state = 0, init_state()
@@ -146,14 +141,14 @@ def run(run_dir: RunDir, cfg: LoopCfg, *, init_state: Callable[[], Any], abstrac
                 steps_per_s = (k - k_window) / max(now - t_window, 1e-9)
                 writers.write(k, dict(avg, steps_per_s=steps_per_s), kind="train")
                 eta = (cfg.steps - k) / max(steps_per_s, 1e-9)
-                _say(f"[{cfg.name}] step {k}/{cfg.steps} | {_short(avg)} | {steps_per_s:.2f} steps/s, ETA {eta:.0f}s")
+                say(f"[{cfg.name}] step {k}/{cfg.steps} | {_short(avg)} | {steps_per_s:.2f} steps/s, ETA {eta:.0f}s")
                 window, t_window, k_window = [], now, k
             if cfg.eval_every and k % cfg.eval_every == 0 and k < cfg.steps:
                 state = evaluate(state, k)
             if ckpt.should_save(k) and k < cfg.steps:
                 ckpt.save(k, state, meta=meta)
             if done_fn is not None and done_fn(state):
-                _say(f"[{cfg.name}] every replica has stopped at step {k}")
+                say(f"[{cfg.name}] every replica has stopped at step {k}")
                 break
         if eval_step != k:
             state = evaluate(state, k)

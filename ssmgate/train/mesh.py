@@ -24,7 +24,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
 
-from ssmgate.train.state import key_name, path_str
+from ssmgate.tree_paths import path_str, path_tuple
 
 AXES = ("replica", "data", "model")
 MODES = ("replicated", "fsdp", "tp", "fsdp_tp")
@@ -198,22 +198,18 @@ def param_shardings(params_shape, mesh: Mesh, mode: str, *, replica_axis: bool =
 
 # ---------------------------------------------------------------------------- state and batch
 
-def _names(key_path) -> tuple[str, ...]:
-    return tuple(key_name(k) for k in key_path)
-
-
 def state_specs(state_shape, mesh: Mesh, mode: str, *, replica_axis: bool = False) -> ShardingPlan:
     """Specs for a whole TrainState: params by the table; optimizer-state leaves whose path ends
     with a param's path and that have its shape (Adam moments, Muon momentum) as that param;
     everything else (step, counts, lr, rng) replicated, or on "replica" with `replica_axis`."""
     plan = partition_specs(state_shape.params, mesh, mode, replica_axis=replica_axis)
     spec_leaves = jax.tree.leaves(plan.specs, is_leaf=lambda x: isinstance(x, P))
-    by_path = {_names(kp): (tuple(leaf.shape), spec) for (kp, leaf), spec in
+    by_path = {path_tuple(kp): (tuple(leaf.shape), spec) for (kp, leaf), spec in
                zip(jax.tree_util.tree_flatten_with_path(state_shape.params)[0], spec_leaves)}
     notes = list(plan.notes)
 
     def leaf_spec(key_path, leaf):
-        names, shape = _names(key_path), tuple(leaf.shape)
+        names, shape = path_tuple(key_path), tuple(leaf.shape)
         for i in range(len(names)):
             hit = by_path.get(names[i:])
             if hit is not None and hit[0] == shape:

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import optax
 from optax.contrib import MuonDimensionNumbers, muon
 
-from ssmgate.train.state import key_name
+from ssmgate.tree_paths import path_tuple
 
 OPTIMIZERS = ("sgd", "adamw", "muon")
 
@@ -115,22 +115,18 @@ def scale_by_lr_multiplier(multiplier: optax.Schedule) -> optax.GradientTransfor
 
 # ---------------------------------------------------------------------------- param masks
 
-def _names(key_path) -> tuple[str, ...]:
-    return tuple(key_name(k) for k in key_path)
-
-
 def is_hidden_matrix(key_path, leaf) -> bool:
     """Muon's domain: 2-D `kernel`s of linear maps between hidden features. The embedding table
     and the LM head map tokens, and a depthwise conv kernel (taps, channels) is no linear map
     between features, so they go to AdamW with every other param (SPEC §4.6 [REC])."""
-    names = _names(key_path)
+    names = path_tuple(key_path)
     return leaf.ndim == 2 and names[-1] == "kernel" and "lm_head" not in names and "conv" not in names
 
 
 def is_decayed(key_path, leaf) -> bool:
     """Weight decay's default domain: kernels and the embedding table."""
     del leaf
-    return _names(key_path)[-1] in ("kernel", "embedding")
+    return path_tuple(key_path)[-1] in ("kernel", "embedding")
 
 
 def muon_mask(params):

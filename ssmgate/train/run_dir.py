@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
+import jax
+
 
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
@@ -32,6 +34,12 @@ def to_jsonable(obj):
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
+
+
+def say(text: str) -> None:
+    """Prints a progress line, from process 0 only (one display for a multi-host run)."""
+    if jax.process_index() == 0:
+        print(text, flush=True)
 
 
 class RunDir:

@@ -12,19 +12,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-
-def key_name(key) -> str:
-    """One element of a jax key path as the name it has in a param path."""
-    for attr in ("key", "name", "idx"):
-        if hasattr(key, attr):
-            return str(getattr(key, attr))
-    return str(key)
-
-
-def path_str(key_path) -> str:
-    """A jax key path as the '/'-joined param path ("params/embed/embedding") that the
-    optimizer masks and the partition table match on."""
-    return "/".join(key_name(k) for k in key_path)
+from ssmgate.tree_paths import path_str
 
 
 def check_float32(params, what: str = "params") -> None:

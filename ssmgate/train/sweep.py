@@ -23,6 +23,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ssmgate.train import mesh as meshlib, optim
+from ssmgate.train.run_dir import say
 from ssmgate.train.state import TrainState
 
 
@@ -124,14 +125,12 @@ def after_eval(rule: StopRule, labels: Sequence[str]) -> Callable:
         if rule.escape_thr is not None:
             new = (escape < 0) & (value > rule.escape_thr) & active
             for r in np.flatnonzero(new):
-                print(f"[sweep] {labels[r]}: escaped at step {k} ({rule.metric} {value[r]:.4f} > {rule.escape_thr})",
-                      flush=True)
+                say(f"[sweep] {labels[r]}: escaped at step {k} ({rule.metric} {value[r]:.4f} > {rule.escape_thr})")
             escape[new] = k
         if rule.stop_thr is not None:
             done = active & (value >= rule.stop_thr)
             for r in np.flatnonzero(done):
-                print(f"[sweep] {labels[r]}: stopped at step {k} ({rule.metric} {value[r]:.4f} >= {rule.stop_thr})",
-                      flush=True)
+                say(f"[sweep] {labels[r]}: stopped at step {k} ({rule.metric} {value[r]:.4f} >= {rule.stop_thr})")
             stopped[done] = k
             active = active & ~done
         return state.replace(active=jnp.asarray(active), escape_step=jnp.asarray(escape, jnp.int32),

@@ -90,18 +90,24 @@ def plot_curves(run_dir: RunDir, names=("loss", "accuracy", "seq_accuracy"), lab
                 panels.append((kind, key, *c[key]))
     if not panels:
         return []
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
-    for ax, (kind, key, steps, values) in zip(axes[0], panels):
-        values = values.reshape(len(steps), -1)
-        for r in range(values.shape[1]):
-            label = labels[r] if labels is not None and r < len(labels) else None
-            ax.plot(steps, values[:, r], label=label, lw=1.2)
-        ax.set_title(f"{kind}: {key}")
-        ax.set_xlabel("step")
-        if key.endswith("loss"):
-            ax.set_yscale("log")
+    kinds = sorted({kind for kind, *_ in panels}, key=("train", "eval").index)
+    cols = max(sum(1 for p in panels if p[0] == kind) for kind in kinds)
+    fig, axes = plt.subplots(len(kinds), cols, figsize=(4 * cols, 3.2 * len(kinds)), squeeze=False)
+    for ax in axes.flat:
+        ax.set_visible(False)
+    for kind_row, kind in enumerate(kinds):
+        for ax, (_, key, steps, values) in zip(axes[kind_row], [p for p in panels if p[0] == kind]):
+            ax.set_visible(True)
+            values = values.reshape(len(steps), -1)
+            for r in range(values.shape[1]):
+                label = labels[r] if labels is not None and r < len(labels) else None
+                ax.plot(steps, values[:, r], label=label, lw=1.2)
+            ax.set_title(f"{kind}: {key}")
+            ax.set_xlabel("step")
+            if key.endswith("loss"):
+                ax.set_yscale("log")
     if labels is not None and len(labels) <= 16:
-        axes[0][-1].legend(fontsize=7)
+        axes[-1][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(run_dir.file("curves.png"), dpi=110)
     plt.close(fig)

@@ -152,3 +152,15 @@ def test_loop_config_errors_name_the_field():
         loop.LoopCfg(steps=0).validate()
     with pytest.raises(ValueError, match="eval_every=-1"):
         loop.LoopCfg(steps=3, eval_every=-1).validate()
+
+
+def test_tensorboard_event_files_and_curves(tmp_path):
+    pytest.importorskip("tensorboardX")
+    init = single()
+    cfg = loop.LoopCfg(steps=4, log_every=2, tensorboard=True)
+    loop.run(RunDir(tmp_path), cfg, init_state=init, abstract_state=jax.eval_shape(init),
+             step_fn=jax.jit(make_train_step(loss_fn, TX)), batch_fn=lambda k: batch_of(0, k), meta={}, fingerprint="t")
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    from ssmgate.train.writers import plot_curves
+    assert plot_curves(RunDir(tmp_path), names=("loss", "mse")) == ["curves.png"]
+    assert (tmp_path / "curves.png").stat().st_size > 0

@@ -19,7 +19,8 @@ from jax.sharding import AbstractMesh, PartitionSpec as P
 
 from ssmgate.train import mesh as M
 from ssmgate.train.optim import OptimCfg, make_optimizer, set_learning_rate
-from ssmgate.train.state import TrainState, path_str
+from ssmgate.train.state import TrainState
+from ssmgate.tree_paths import path_str
 
 REPO = Path(__file__).resolve().parents[2]
 
