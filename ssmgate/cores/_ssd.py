@@ -56,6 +56,26 @@ def _pad_time(arr, pad: int):
     return jnp.pad(arr, widths)
 
 
+def chunk_time(arr, chunk: int):
+    """(b, t, ...) -> (b, nc, chunk, ...) with nc = ceil(t / chunk), zero-padded at the end (the
+    chunked forms keep padding inert: log-decay 0 and no write)."""
+    t = arr.shape[1]
+    nc = -(-t // chunk)
+    return _pad_time(arr, nc * chunk - t).reshape(arr.shape[0], nc, chunk, *arr.shape[2:])
+
+
+def segment_decays(logdecay_bcqh):
+    """Cumulative log-decays L (b, c, q, h) inside each chunk and the intra-chunk decays
+    exp(L_t - L_s) for s <= t, 0 above the diagonal, as (b, c, h, q_t, q_s)."""
+    q = logdecay_bcqh.shape[2]
+    cum_bcqh = jnp.cumsum(logdecay_bcqh, axis=2)
+    cum_bchq = jnp.swapaxes(cum_bcqh, 2, 3)
+    causal = jnp.tril(jnp.ones((q, q), dtype=bool))
+    # exp of the masked segment sums; masking before exp keeps exp finite and its gradient clean.
+    seg = cum_bchq[..., :, None] - cum_bchq[..., None, :]
+    return cum_bcqh, jnp.exp(jnp.where(causal, seg, -jnp.inf))
+
+
 def chunked_ssd(xs_bthp, logdecay_bth, blocks: Sequence[tuple], h0_bhpn, chunk: int, xdiag_bthp=None):
     """SSD decomposition of h_t = exp(l_t) h_{t-1} + xs_t B_t^T, y_t = h_t C_t (no D term).
 
@@ -69,19 +89,10 @@ def chunked_ssd(xs_bthp, logdecay_bth, blocks: Sequence[tuple], h0_bhpn, chunk: 
     """
     b, t, h, p = xs_bthp.shape
     q = chunk
-    nc = -(-t // q)
-    pad = nc * q - t
-    xs = _pad_time(xs_bthp, pad).reshape(b, nc, q, h, p)
-    ld = _pad_time(logdecay_bth, pad).reshape(b, nc, q, h)
-    blocks = [(_pad_time(B, pad).reshape(b, nc, q, *B.shape[2:]),
-               _pad_time(C, pad).reshape(b, nc, q, *C.shape[2:])) for B, C in blocks]
-
-    cum_bcqh = jnp.cumsum(ld, axis=2)
-    cum_bchq = jnp.swapaxes(cum_bcqh, 2, 3)
-    causal = jnp.tril(jnp.ones((q, q), dtype=bool))
-    # exp of the masked segment sums; masking before exp keeps exp finite and its gradient clean.
-    seg = cum_bchq[..., :, None] - cum_bchq[..., None, :]
-    decay_bchqs = jnp.exp(jnp.where(causal, seg, -jnp.inf))
+    xs = chunk_time(xs_bthp, q)
+    nc = xs.shape[1]
+    blocks = [(chunk_time(B, q), chunk_time(C, q)) for B, C in blocks]
+    cum_bcqh, decay_bchqs = segment_decays(chunk_time(logdecay_bth, q))
 
     # Intra-chunk: W = decay * (C B^T), each block's C B^T computed once per group.
     cb_bchqs = 0.0
@@ -120,7 +131,7 @@ def chunked_ssd(xs_bthp, logdecay_bth, blocks: Sequence[tuple], h0_bhpn, chunk: 
     y = y + y_inter * jnp.exp(cum_bcqh)[..., None]
 
     if xdiag_bthp is not None:
-        xdiag = _pad_time(xdiag_bthp, pad).reshape(b, nc, q, h, p)
+        xdiag = chunk_time(xdiag_bthp, q)
         cb_diag_bcqh = jnp.swapaxes(jnp.diagonal(cb_bchqs, axis1=-2, axis2=-1), 2, 3)
         y = y + cb_diag_bcqh[..., None] * xdiag
     y = y.reshape(b, nc * q, h, p)[:, :t]

@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from ssmgate.cores import _checks, auto
-from ssmgate.cores._ssd import associative_states, per_token
-from ssmgate.cores.rotation import TWO_PI, cumulative_phase, rotate_pairs
+from ssmgate.cores._ssd import associative_states, chunk_time, per_token, segment_decays
+from ssmgate.cores.rotation import TWO_PI, phases_cos_sin, rotate_pairs, scan_tokens
 
 CORE = "rotation_mimo"
 # The official MIMO kernels keep chunk * R <= 64 (SPEC 1.3: chunk 16 at R = 4): the intra-chunk
@@ -164,19 +164,8 @@ def rotation_mimo_step(state, x, dt, A, B, C, theta, D=None, *, trap=None):
 
 # ----------------------------------------------------------------------------- algorithms
 
-def _sequential(x, dt, A, B, C, theta, lam, D, state0):
-    def body(state, inputs):
-        y, state = _step(state, *inputs[:6], None if lam is None else inputs[6], D)
-        return state, y
-
-    seq = [x, dt, A, B, C, theta] + ([] if lam is None else [lam])
-    final, ys = jax.lax.scan(body, state0, tuple(jnp.moveaxis(a, 1, 0) for a in seq))
-    return jnp.moveaxis(ys, 0, 1), final
-
-
-def _phases(dt, theta, phase0):
-    phase = cumulative_phase(dt[..., None] * theta, phase0)
-    return phase, jnp.cos(phase), jnp.sin(phase)
+def _sequential(*args):
+    return scan_tokens(_step, *args)
 
 
 def _final_state(phase, B, cos, sin, h_final, x):
@@ -186,7 +175,7 @@ def _final_state(phase, B, cos, sin, h_final, x):
 
 def _associative(x, dt, A, B, C, theta, lam, D, state0):
     heads = x.shape[2]
-    phase, cos, sin = _phases(dt, theta, state0.phase)
+    phase, cos, sin = phases_cos_sin(dt, theta, state0.phase)
     B_rot = _rotate_ranks(_heads(B, heads, 2), cos, sin)  # (b, t, h, R, n)
     C_rot = _rotate_ranks(_heads(C, heads, 2), cos, sin)
     a = jnp.exp(dt * A)
@@ -202,14 +191,6 @@ def _associative(x, dt, A, B, C, theta, lam, D, state0):
     if D is not None:
         y = y + D[:, None, None] * x
     return y, _final_state(phase, B, cos, sin, states[:, -1], x)
-
-
-def _pad_time(arr, pad: int):
-    if pad == 0:
-        return arr
-    widths = [(0, 0)] * arr.ndim
-    widths[1] = (0, pad)
-    return jnp.pad(arr, widths)
 
 
 def chunked_mimo(xs_bthRp, logdecay_bth, blocks, h0_bhpn, chunk: int, xdiag_bthRp=None):
@@ -229,19 +210,10 @@ def chunked_mimo(xs_bthRp, logdecay_bth, blocks, h0_bhpn, chunk: int, xdiag_bthR
     """
     b, t, h, R, p = xs_bthRp.shape
     q = chunk
-    nc = -(-t // q)
-    pad = nc * q - t
-    xs = _pad_time(xs_bthRp, pad).reshape(b, nc, q, h, R, p)
-    ld = _pad_time(logdecay_bth, pad).reshape(b, nc, q, h)
-    blocks = [(_pad_time(B, pad).reshape(b, nc, q, *B.shape[2:]),
-               _pad_time(C, pad).reshape(b, nc, q, *C.shape[2:])) for B, C in blocks]
-
-    cum_bcqh = jnp.cumsum(ld, axis=2)
-    cum_bchq = jnp.swapaxes(cum_bcqh, 2, 3)
-    causal = jnp.tril(jnp.ones((q, q), dtype=bool))
-    # exp of the masked segment sums; masking before exp keeps exp finite and its gradient clean.
-    seg = cum_bchq[..., :, None] - cum_bchq[..., None, :]
-    decay_bchqs = jnp.exp(jnp.where(causal, seg, -jnp.inf))
+    xs = chunk_time(xs_bthRp, q)
+    nc = xs.shape[1]
+    blocks = [(chunk_time(B, q), chunk_time(C, q)) for B, C in blocks]
+    cum_bcqh, decay_bchqs = segment_decays(chunk_time(logdecay_bth, q))
 
     # Intra-chunk scores between (token q, rank k) reads and (token s, rank j) writes.
     cb_bchqksj = 0.0
@@ -281,7 +253,7 @@ def chunked_mimo(xs_bthRp, logdecay_bth, blocks, h0_bhpn, chunk: int, xdiag_bthR
     y = y + y_inter * jnp.exp(cum_bcqh)[..., None, None]
 
     if xdiag_bthRp is not None:
-        xdiag = _pad_time(xdiag_bthRp, pad).reshape(b, nc, q, h, R, p)
+        xdiag = chunk_time(xdiag_bthRp, q)
         cb_diag_bchkjq = jnp.diagonal(cb_bchqksj, axis1=3, axis2=5)  # same token: (k, j) block
         y = y + jnp.einsum("bchkjq,bcqhjp->bcqhkp", cb_diag_bchkjq, xdiag)
     y = y.reshape(b, nc * q, h, R, p)[:, :t]
@@ -290,7 +262,7 @@ def chunked_mimo(xs_bthRp, logdecay_bth, blocks, h0_bhpn, chunk: int, xdiag_bthR
 
 def _chunked(x, dt, A, B, C, theta, lam, D, state0, chunk):
     heads, r, n = x.shape[2], theta.shape[-1], B.shape[-1]
-    phase, cos, sin = _phases(dt, theta, state0.phase)
+    phase, cos, sin = phases_cos_sin(dt, theta, state0.phase)
     # As in rotation: rotated channels are per head (the phase depends on dt); the rest keep their
     # groups, so their C B^T is shared by the heads of a group.
     blocks = []

@@ -115,9 +115,11 @@ def rotation_step(state, x, dt, A, B, C, theta, D=None, *, trap=None):
     return y.astype(x.dtype), new
 
 
-def _sequential(x, dt, A, B, C, theta, lam, D, state0):
+def scan_tokens(step, x, dt, A, B, C, theta, lam, D, state0):
+    """The sequential reference of a rotation-family core: `step(state, x_t, dt_t, A_t, B_t, C_t,
+    theta_t, lam_t, D) -> (y_t, state)` run over t with `lax.scan` (the time axis is axis 1)."""
     def body(state, inputs):
-        y, state = _step(state, *inputs[:6], None if lam is None else inputs[6], D)
+        y, state = step(state, *inputs[:6], None if lam is None else inputs[6], D)
         return state, y
 
     seq = [x, dt, A, B, C, theta] + ([] if lam is None else [lam])
@@ -125,9 +127,14 @@ def _sequential(x, dt, A, B, C, theta, lam, D, state0):
     return jnp.moveaxis(ys, 0, 1), final
 
 
-def _phases(dt, theta, phase0):
+def phases_cos_sin(dt, theta, phase0):
+    """Cumulative phases (b, t, h, r) of the increments dt * theta and their cos and sin."""
     phase = cumulative_phase(dt[..., None] * theta, phase0)
     return phase, jnp.cos(phase), jnp.sin(phase)
+
+
+def _sequential(*args):
+    return scan_tokens(_step, *args)
 
 
 def _final_state(phase, B, cos, sin, h_final, x):
@@ -137,7 +144,7 @@ def _final_state(phase, B, cos, sin, h_final, x):
 
 def _associative(x, dt, A, B, C, theta, lam, D, state0):
     heads = x.shape[2]
-    phase, cos, sin = _phases(dt, theta, state0.phase)
+    phase, cos, sin = phases_cos_sin(dt, theta, state0.phase)
     B_rot = rotate_pairs(expand_groups(B, heads), cos, sin)
     C_rot = rotate_pairs(expand_groups(C, heads), cos, sin)
     a = jnp.exp(dt * A)
@@ -156,7 +163,7 @@ def _associative(x, dt, A, B, C, theta, lam, D, state0):
 
 def _chunked(x, dt, A, B, C, theta, lam, D, state0, chunk):
     heads, r, n = x.shape[2], theta.shape[-1], B.shape[-1]
-    phase, cos, sin = _phases(dt, theta, state0.phase)
+    phase, cos, sin = phases_cos_sin(dt, theta, state0.phase)
     # Rotated channels are per head (the phase depends on dt); the rest keep their groups, so their
     # C B^T is shared by the heads of a group as in scalar_decay.
     blocks = []
