@@ -2,7 +2,13 @@
 
 Thin by design: parse the flags, pick the program, check its configuration, write the resolved
 flags to the run directory, run. A bad flag stops the run before any work with a message that
-names the flag and what it accepts.
+names the flag and what it accepts. Flag files compose: a file may hold `--flagfile=base.flags`
+lines, and later flags override earlier ones. `--dry_run` prints the resolved configuration (for
+`train`: parameter counts, the mesh and the sharding of every parameter) and runs nothing.
+
+On a multi-host pod pass `--distributed`: `jax.distributed.initialize()` joins the hosts first
+(coordinator, process count and id from the cluster environment on TPU VMs and SLURM, or from
+`--coordinator_address/--num_processes/--process_id`).
 """
 from __future__ import annotations
 
@@ -10,13 +16,18 @@ import sys
 
 from absl import app, flags, logging
 
-from ssmgate.programs import p1_fig1, p1_fig1_flags
+from ssmgate.programs import p1_fig1_flags, train_lm_flags
+from ssmgate.programs.config_error import ConfigError
 
-PROGRAMS = {"p1_fig1": p1_fig1_flags}
+PROGRAMS = {"p1_fig1": p1_fig1_flags, "train": train_lm_flags}
 
 flags.DEFINE_enum("program", None, sorted(PROGRAMS), "The experiment program to run.")
-flags.DEFINE_string("run_dir", None, "Output directory of the run (created).")
+flags.DEFINE_string("run_dir", None, "Output directory of the run (created; an existing run resumes).")
 flags.DEFINE_boolean("dry_run", False, "Check the flags and print the configuration; run nothing.")
+flags.DEFINE_boolean("distributed", False, "Call jax.distributed.initialize() first (multi-host runs).")
+flags.DEFINE_string("coordinator_address", None, "--distributed: host:port of process 0 (default: from the cluster).")
+flags.DEFINE_integer("num_processes", None, "--distributed: number of processes (default: from the cluster).")
+flags.DEFINE_integer("process_id", None, "--distributed: this process's id (default: from the cluster).")
 FLAGS = flags.FLAGS
 
 
@@ -29,6 +40,14 @@ def resolved_flags() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _initialize_distributed() -> None:
+    import jax
+    jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
+                               num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
+    print(f"[ssmgate] process {jax.process_index()}/{jax.process_count()}: "
+          f"{jax.local_device_count()} local of {jax.device_count()} devices", flush=True)
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected positional arguments {argv[1:]}; pass flags as --name=value")
@@ -39,16 +58,24 @@ def main(argv):
     program = PROGRAMS[FLAGS.program]
     try:
         cfg = program.config_from_flags()
-    except p1_fig1.ConfigError as e:
+        if FLAGS.dry_run:
+            print(f"[ssmgate] program {FLAGS.program} (dry run)\n{program.describe(cfg)}", flush=True)
+            return
+    except ConfigError as e:
         raise app.UsageError(str(e)) from None
-    print(f"[ssmgate] program {FLAGS.program}: {cfg}", flush=True)
-    if FLAGS.dry_run:
-        return
     if FLAGS.run_dir is None:
         raise app.UsageError("--run_dir is required (where the run writes its outputs)")
+    if FLAGS.distributed:
+        _initialize_distributed()
+    print(f"[ssmgate] program {FLAGS.program}: {cfg}", flush=True)
+    import jax
     from ssmgate.train.run_dir import RunDir
-    RunDir(FLAGS.run_dir).write_text("flags.txt", resolved_flags())
-    program.run(FLAGS.run_dir)
+    if jax.process_index() == 0:
+        RunDir(FLAGS.run_dir).write_text("flags.txt", resolved_flags())
+    try:
+        program.run(cfg, FLAGS.run_dir)
+    except ConfigError as e:  # flags that only the running job can check (e.g. the mesh against its devices)
+        raise app.UsageError(str(e)) from None
     print(f"[ssmgate] done: {FLAGS.run_dir}/summary.json", flush=True)
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from ssmgate.models.simplified_ssm import SimplifiedSSM, logistic_loss, margins
 from ssmgate.programs import p1_fig1_plots
+from ssmgate.programs.config_error import ConfigError  # noqa: F401  (re-exported: p1_fig1.ConfigError)
 from ssmgate.tasks import perturbed_labels as tasks
 from ssmgate.theory import gating as theory
 from ssmgate.train.run_dir import Progress, RunDir
@@ -58,10 +59,6 @@ class ToyGateCfg:
     @property
     def short(self) -> bool:
         return self.panel in ("a", "b")
-
-
-class ConfigError(ValueError):
-    """A flag value out of range; the message names the flag and the allowed range."""
 
 
 def _require(ok: bool, flag: str, allowed: str, value) -> None:

@@ -3,18 +3,13 @@ from __future__ import annotations
 
 from absl import flags
 
-from ssmgate.programs import p1_fig1
+from ssmgate.programs import common_flags, p1_fig1  # noqa: F401  (common_flags: --lr, --batch, --steps, --seed(s))
 from ssmgate.programs.grids import parse_grid
 
 flags.DEFINE_string("panel", None, "Figure 1 panel: a, b, c or d.")
 flags.DEFINE_integer("d", None, "Key dimension d.")
 flags.DEFINE_integer("ell", None, "Context length ell (tokens).")
 flags.DEFINE_string("delta", None, "Query distance (1 = last token) or 'uniform'.")
-flags.DEFINE_float("lr", None, "SGD learning rate.")
-flags.DEFINE_integer("batch", None, "Examples per SGD step (fresh every step).")
-flags.DEFINE_integer("steps", None, "SGD steps (panel b: the cap before 'no escape').")
-flags.DEFINE_integer("seeds", 1, "Seeds per grid point (seed, seed + 1, ...).")
-flags.DEFINE_integer("seed", 0, "First seed.")
 flags.DEFINE_integer("P", 32, "Panels a/b: dictionary size.")
 flags.DEFINE_float("eps", 0.1, "Panels a/b: label-flip probability, in (0, 0.5).")
 flags.DEFINE_string("alpha0", "", "Panels a/b: grid of initial retentions alpha0 in (0, 1).")
@@ -62,5 +57,9 @@ def config_from_flags() -> p1_fig1.ToyGateCfg:
     return p1_fig1.validate(cfg)
 
 
-def run(run_dir: str) -> dict:
-    return p1_fig1.run(config_from_flags(), run_dir)
+def describe(cfg: p1_fig1.ToyGateCfg) -> str:
+    return str(cfg)
+
+
+def run(cfg: p1_fig1.ToyGateCfg, run_dir: str) -> dict:
+    return p1_fig1.run(cfg, run_dir)

@@ -1,0 +1,177 @@
+"""The `train` program end to end, in subprocesses: bad flags, dry runs of the paper model files,
+a SIGKILL mid-run, 8 simulated devices, and two processes joined by jax.distributed (slow)."""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["--program=train", "--block=mamba2", "--vocab_size=16", "--d_model=32", "--n_layers=2", "--d_state=8",
+        "--headdim=16", "--batch=8", "--lr=3e-3", "--seq_len=15", "--task=copy", "--tensorboard=false"]
+
+
+def run_main(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "ssmgate.main", *args], cwd=REPO, capture_output=True, text=True,
+                          env=env)
+
+
+def summary(run_dir):
+    return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+def train_losses(run_dir):
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [r["loss"] for r in map(json.loads, lines) if r["kind"] == "train"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--d_model=-3"], "--d_model=-3: expected an integer >= 1"),
+    (["--opt_name=rmsprop"], "--opt_name='rmsprop': expected one of"),
+    (["--block=rnn"], "--block='rnn'"),
+    (["--mesh_data=3"], "--mesh_data=3"),
+    (["--seq_len=2"], "--seq_len=2: expected >= 5"),
+    (["--d_modle=3"], "Unknown command line flag 'd_modle'"),
+    (["--steps=abc"], "flag --steps=abc"),
+    (["--sweep_lrs=1e-3,-1"], "--sweep_lrs=1e-3,-1"),
+])
+def test_a_bad_flag_fails_with_its_name(tmp_path, args, message):
+    res = run_main(*TINY, "--steps=3", *args, f"--run_dir={tmp_path / 'run'}")
+    assert res.returncode != 0
+    assert message in res.stderr, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr
+
+
+def test_every_paper_model_file_dry_runs_with_the_papers_size():
+    files = sorted((REPO / "experiments" / "models").glob("*.flags"))
+    assert len(files) == 10
+    for path in files:
+        res = run_main(f"--flagfile={path}", "--dry_run")
+        assert res.returncode == 0, (path, res.stderr[-2000:])
+        out = res.stdout
+        assert "parameters of p" in out and "total" in out and "mesh {" in out and "embed/embedding" in out
+        line = next(line for line in out.splitlines() if line.strip().startswith("total"))
+        count = int(line.split()[1].replace(",", ""))
+        stated = [line for line in out.splitlines() if "the paper states" in line]
+        if stated:  # the sizes the papers state: within 5%
+            assert abs(float(re.search(r"this model is ([-+0-9.]+)%", stated[0]).group(1))) <= 5.0
+        assert "Check: --dry_run prints" in path.read_text()
+        claimed = path.read_text().split("Check: --dry_run prints ")[1].split(" parameters")[0]
+        value, unit = claimed.split()
+        assert abs(count - float(value) * {"M": 1e6, "B": 1e9}[unit]) / count < 0.005, (path.name, count, claimed)
+
+
+def test_sigkill_mid_run_then_restart_ends_bit_identical(tmp_path):
+    args = [*TINY, "--steps=120", "--log_every=1", "--ckpt_every=5", "--keep_ckpts=2"]
+    ref = run_main(*args, f"--run_dir={tmp_path / 'ref'}")
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "ssmgate.main", *args, f"--run_dir={run_dir}"], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        ckpts = run_dir / "checkpoints"
+        steps = [int(p.name) for p in ckpts.iterdir() if p.name.isdigit()] if ckpts.exists() else []
+        if steps and max(steps) >= 30:
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (run_dir / "summary.json").exists(), "the run finished before it could be killed"
+    res = run_main(*args, f"--run_dir={run_dir}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "resumed from the checkpoint of step" in res.stdout
+    assert summary(run_dir)["params_digest"] == summary(tmp_path / "ref")["params_digest"]
+    assert train_losses(run_dir) == train_losses(tmp_path / "ref")  # each step logged once, same values
+
+
+EIGHT = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+
+
+def test_sharded_training_on_8_devices_matches_one_device(tmp_path):
+    args = [*TINY, "--steps=20", "--log_every=1", "--block=mamba2"]
+    single = run_main(*args, f"--run_dir={tmp_path / 'one'}")
+    assert single.returncode == 0, single.stderr[-2000:]
+    reference = train_losses(tmp_path / "one")
+    assert len(reference) == 20
+    for name, mesh in [("tp", ["--mesh_data=4", "--mesh_model=2", "--mesh_params=tp"]),
+                       ("fsdp", ["--mesh_data=8", "--mesh_params=fsdp"])]:
+        res = run_main(*args, *mesh, f"--run_dir={tmp_path / name}", env=EIGHT)
+        assert res.returncode == 0, res.stderr[-2000:]
+        for a, b in zip(train_losses(tmp_path / name), reference):
+            assert abs(a - b) <= 1e-5 * abs(b), (name, a, b)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_joined_by_jax_distributed_agree_with_one(tmp_path):
+    args = [*TINY, "--steps=6", "--log_every=1", "--mesh_data=2"]
+    one = run_main(*args, f"--run_dir={tmp_path / 'one'}", env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2"))
+    assert one.returncode == 0, one.stderr[-2000:]
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "ssmgate.main", *args, "--distributed",
+                               f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}",
+                               f"--run_dir={tmp_path / 'two'}"], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    assert "process 1/2" in outs[1][0]
+    for a, b in zip(train_losses(tmp_path / "two"), train_losses(tmp_path / "one")):
+        assert abs(a - b) <= 1e-5 * abs(b)
+    assert summary(tmp_path / "two")["params_digest"] == summary(tmp_path / "one")["params_digest"]
+
+
+def test_gate_offset_sweep_through_the_program(tmp_path, capsys):
+    """A Mamba-2 sweep (2 offsets x 2 learning rates) in process: escape and stop rules, summary keys."""
+    from ssmgate.models.config import ModelCfg
+    from ssmgate.programs import train_lm
+    from ssmgate.tasks.synthetic_lm import SyntheticCfg
+    from ssmgate.train import loop, mesh, optim, sweep
+    cfg = train_lm.TrainLMCfg(
+        model=ModelCfg(block="mamba2", vocab_size=16, d_model=16, n_layers=1, d_state=8, headdim=8),
+        optim=optim.OptimCfg(name="adamw", lr=1e-2, total_steps=6),
+        task=SyntheticCfg("copy", batch=4, seq_len=9, vocab_size=16),
+        loop=loop.LoopCfg(steps=6, log_every=2, eval_every=2, tensorboard=False), mesh=mesh.MeshCfg(),
+        replicas=tuple(sweep.grid([0], [1e-2, 3e-2], [-2.0, 1.0])),
+        stop=sweep.StopRule("loss", escape_thr=0.0, stop_thr=0.0), eval_batches=1).validate()
+    out = train_lm.run(cfg, tmp_path)
+    # loss >= 0 always: every replica "escapes" and stops at the first evaluation (step 2).
+    assert out["escape_step"] == [2, 2, 2, 2] and out["stopped_step"] == [2, 2, 2, 2]
+    assert out["steps"] == 2 and "every replica has stopped at step 2" in capsys.readouterr().out
+    assert len(out["final"]["loss"]) == 4 and out["diverged"] == [False] * 4
+    assert (tmp_path / "curves.png").exists() and json.loads((tmp_path / "summary.json").read_text()) == out
+
+
+CHECK_TRAIN_FILES = """
+import sys
+from absl import flags
+import ssmgate.main  # defines every flag
+from ssmgate.programs import train_lm_flags
+for path in sys.argv[1:]:
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["check", "--flagfile=" + path])
+    cfg = train_lm_flags.config_from_flags()
+    print(path.rsplit("/", 1)[-1], cfg.model.d_model, cfg.task.task, len(cfg.replicas), cfg.stop.escape_thr)
+"""
+
+
+def test_train_flag_files_validate_and_compose():
+    files = sorted(str(p) for p in (REPO / "experiments" / "train").rglob("*.flags"))
+    res = subprocess.run([sys.executable, "-c", CHECK_TRAIN_FILES, *files], cwd=REPO, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in res.stdout.splitlines())
+    assert lines["mamba2_copy.flags"] == "64 copy 1 None"
+    # the sweep file includes the copy file (--flagfile) and adds 4 offsets x 2 seeds
+    assert lines["mamba2_offset_sweep.flags"] == "64 copy 8 0.9"
