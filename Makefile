@@ -14,7 +14,7 @@ venv: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,plot]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,plot,tensorboard]'
 	touch $(STAMP)
 
 # The test command of the README (and of .ci/run): the fast suite.
@@ -29,10 +29,11 @@ test-slow: venv
 bench: venv
 	$(PY) -m ssmgate.bench cores --out $(BENCH_OUT)/cores.json
 
-# Regenerates docs/benchmarks.md (cores and sweeps) and the measured auto table (ssmgate/cores/auto_table.json).
+# Regenerates docs/benchmarks.md (cores, Fig 1 sweeps, training sweep and throughput) and the measured auto table (ssmgate/cores/auto_table.json).
 bench-docs: venv
 	$(PY) -m ssmgate.bench cores --out $(BENCH_OUT)/cores.json --reps 7 --write_auto_table --docs docs/benchmarks.md
-	$(PY) -m ssmgate.bench sweeps --out $(BENCH_OUT)/sweeps.json --docs docs/benchmarks.md
+	$(PY) -m ssmgate.bench fig1_sweeps --out $(BENCH_OUT)/sweeps.json --docs docs/benchmarks.md
+	$(PY) -m ssmgate.bench sweep --out $(BENCH_OUT)/train.json --docs docs/benchmarks.md
 
 # The main job: every experiment at SCALE (quick | cpu | paper), ONLY=name,... to select;
 # writes runs/reproduce/report.md and runs/reproduce/summary.json.

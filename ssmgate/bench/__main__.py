@@ -1,11 +1,15 @@
-"""`python -m ssmgate.bench cores|sweeps [flags]`: dispatches to the named benchmark."""
+"""`python -m ssmgate.bench cores|sweep|fig1_sweeps [flags]`: dispatches to the named benchmark.
+
+cores: the recurrent cores' algorithms; sweep: vmapped training sweeps of language models and
+training throughput (ssmgate.bench.train); fig1_sweeps: the P1 Figure 1 grids as one program.
+"""
 import sys
 
 from absl import app
 
-from ssmgate.bench import cores, sweeps
+from ssmgate.bench import cores, sweeps, train
 
-BENCHMARKS = {"cores": cores.main, "sweeps": sweeps.main}
+BENCHMARKS = {"cores": cores.main, "sweep": train.main, "fig1_sweeps": sweeps.main}
 
 
 def _dispatch(argv):

@@ -114,7 +114,7 @@ def markdown(result) -> str:
 
 def main(argv) -> None:
     if len(argv) > 1:
-        raise SystemExit(f"ssmgate.bench sweeps: unexpected arguments {argv[1:]}")
+        raise SystemExit(f"ssmgate.bench fig1_sweeps: unexpected arguments {argv[1:]}")
     log = lambda s: print(s, flush=True)
     reps = max(1, min(FLAGS.reps, 3))
     log(HEADER)

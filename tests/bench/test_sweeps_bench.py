@@ -1,4 +1,4 @@
-"""The sweep benchmark's timing harness on a toy grid (the real grids run by hand: python -m ssmgate.bench sweeps)."""
+"""The sweep benchmark's timing harness on a toy grid (the real grids run by hand: python -m ssmgate.bench fig1_sweeps)."""
 import jax
 import jax.numpy as jnp
 

@@ -1,0 +1,235 @@
+"""Training benchmark (`python -m ssmgate.bench sweep`).
+
+1. A sweep of 16 small Mamba-2 language models (4 learning rates x 4 gate offsets, the recall
+   task; a tiny and a small size) trained by one vmapped, jitted step, against the same 16 runs
+   one after another with one jitted single-run step (compiled once, reused). Both run the same number of steps from the
+   same states; the table gives steady-state time per step of all 16 models, the first call
+   (with compilation) separately, and the speed-up.
+   Then the forward pass and the gradient alone, one model vs vmapped (per replica).
+2. Training throughput (forward + backward + AdamW) of 4-layer d=256 language models on the
+   copy task: Mamba-2, Mamba-3 (SISO, rotation) and a Llama-style Transformer, in tokens/s, with
+   the model FLOPs (6 x non-embedding params x tokens + the mixing terms) as a fraction of the
+   machine's measured float32 matmul peak.
+
+Shares --out, --docs and --reps with the other benchmarks; --docs replaces the block between
+'<!-- bench:train -->' markers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import flags
+
+from ssmgate.bench.cores import _cpu_name, measure_matmul_flops, update_docs
+from ssmgate.models.config import ModelCfg
+from ssmgate.models.gates import offset_gates
+from ssmgate.models.lm import build_model
+from ssmgate.models.presets import count_breakdown
+from ssmgate.tasks import synthetic_lm
+from ssmgate.train import optim, sweep
+from ssmgate.train.state import TrainState
+from ssmgate.train.step import make_train_step
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("train_steps", 20, "Timed training steps per measurement.", lower_bound=1)
+
+SWEEP_MODEL = ModelCfg(block="mamba2", vocab_size=32, d_model=32, n_layers=2, d_state=16, headdim=16)
+SWEEP_TASK = synthetic_lm.SyntheticCfg("recall", batch=16, seq_len=33, vocab_size=32)
+# Two sizes: per-op overhead dominates a step of the tiny one, arithmetic the other.
+SWEEP_SIZES = {
+    "tiny": (ModelCfg(block="mamba2", vocab_size=32, d_model=16, n_layers=1, d_state=16, headdim=8),
+             synthetic_lm.SyntheticCfg("recall", batch=4, seq_len=17, vocab_size=32)),
+    "small": (SWEEP_MODEL, SWEEP_TASK),
+}
+THROUGHPUT_TASK = dict(batch=8, seq_len=256)
+
+
+def _loss(model):
+    def loss_fn(params, batch, rng):
+        logits, _ = model.apply({"params": params}, batch.inputs)
+        return synthetic_lm.lm_loss(logits, batch)
+    return loss_fn
+
+
+def _timed(fn, reps):
+    """(first call incl. compilation, best of reps) in seconds; fn() must block."""
+    t0 = time.perf_counter()
+    fn()
+    first = time.perf_counter() - t0
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return first, best
+
+
+def bench_sweep(steps: int, reps: int, cfg: ModelCfg = SWEEP_MODEL, task=SWEEP_TASK, k_lrs=4, k_offsets=4,
+                log=print) -> dict:
+    model = build_model(cfg)
+    tx = optim.make_optimizer(optim.OptimCfg(name="adamw", lr=1e-3, total_steps=steps))
+    step = make_train_step(_loss(model), tx)
+    replicas = sweep.grid([0], np.logspace(-3.5, -2, k_lrs), np.linspace(-3, 1, k_offsets))
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    init = lambda key, offset: offset_gates(model.init(key, tokens)["params"], offset)
+    state0 = sweep.init_sweep(replicas, init, tx)
+    keys = [synthetic_lm.step_key(0, k) for k in range(steps)]
+    batches = [jax.jit(lambda key: synthetic_lm.sample(key, task))(key) for key in keys]
+    k = len(replicas)
+    stacked = [jax.tree.map(lambda a: jnp.broadcast_to(a, (k,) + a.shape), b) for b in batches]
+
+    vstep = jax.jit(sweep.sweep_step(step))
+    one = jax.jit(step)
+    singles = [jax.tree.map(lambda a: a[r], state0.train) for r in range(k)]
+
+    def run_sweep():
+        s = state0
+        for b in stacked:
+            s, _ = vstep(s, b)
+        jax.block_until_ready(s)
+
+    def run_sequential():
+        for s in singles:
+            for b in batches:
+                s, _ = one(s, b)
+            jax.block_until_ready(s)
+
+    first_v, best_v = _timed(run_sweep, reps)
+    first_s, best_s = _timed(run_sequential, reps)
+    row = {"replicas": k, "steps": steps, "params_per_model": count_breakdown(cfg)["total"],
+           "batch": task.batch, "seq_len": task.seq_len,
+           "sweep_first_s": first_v, "sweep_s": best_v, "sequential_first_s": first_s, "sequential_s": best_s,
+           "speedup": best_s / best_v, "speedup_first": first_s / first_v}
+    log(f"[bench sweep] {k} Mamba-2 LMs ({row['params_per_model']:,} params each), {steps} steps: "
+        f"vmapped {best_v:.3f}s vs sequential {best_s:.3f}s -> {row['speedup']:.1f}x "
+        f"(with compilation {first_v:.2f}s vs {first_s:.2f}s)")
+    return row
+
+
+def bench_split(reps: int, cfg: ModelCfg = SWEEP_MODEL, task=SWEEP_TASK, k: int = 16, log=print) -> list[dict]:
+    """Where a sweep's time goes: forward and gradient of one model vs the same vmapped over k
+    replicas (per replica), for the sweep's Mamba-2 and a Llama of the same width."""
+    rows = []
+    batch = jax.jit(lambda key: synthetic_lm.sample(key, task))(synthetic_lm.step_key(0, 0))
+    for name, c in (("Mamba-2", cfg), ("Llama", dataclasses.replace(cfg, block="llama", n_heads=2, mlp="swiglu"))):
+        model = build_model(c)
+        loss = _loss(model)
+        stacked = jax.vmap(lambda key: model.init(key, batch.inputs[:1, :8])["params"])(
+            jax.random.split(jax.random.PRNGKey(0), k))
+        one = jax.tree.map(lambda a: a[0], stacked)
+        fwd = lambda p: loss(p, batch, None)[0]
+        row = {"model": name, "replicas": k}
+        for what, fn in (("forward", fwd), ("gradient", jax.grad(fwd))):
+            single, vmapped = jax.jit(fn), jax.jit(jax.vmap(fn))
+            row[f"{what}_single_s"] = _timed(lambda: jax.block_until_ready(single(one)), reps)[1]
+            row[f"{what}_vmapped_s"] = _timed(lambda: jax.block_until_ready(vmapped(stacked)), reps)[1] / k
+        log(f"[bench split] {name}: forward {1e3 * row['forward_single_s']:.2f} vs {1e3 * row['forward_vmapped_s']:.2f} "
+            f"ms, gradient {1e3 * row['gradient_single_s']:.2f} vs {1e3 * row['gradient_vmapped_s']:.2f} ms per replica")
+        rows.append(row)
+    return rows
+
+
+THROUGHPUT_MODELS = {
+    "Mamba-2": ModelCfg(block="mamba2", vocab_size=256, d_model=256, n_layers=4, d_state=64, headdim=64),
+    "Mamba-3": ModelCfg(block="mamba3", vocab_size=256, d_model=256, n_layers=4, d_state=64, headdim=64),
+    "Transformer (Llama)": ModelCfg(block="llama", vocab_size=256, d_model=256, n_layers=4, n_heads=4, mlp="swiglu"),
+}
+
+
+def model_flops(cfg: ModelCfg, b: int, t: int) -> float:
+    """Training FLOPs per step: 6 N (non-embedding matmul params, + the tied head's matmul) per token
+    plus the sequence mixing (attention scores and values; the SSM state update and read), x3 for
+    forward + backward."""
+    counts = count_breakdown(cfg)
+    dense = 6.0 * (counts["mixers"] + counts["mlp"] + cfg.vocab_size * cfg.d_model) * b * t
+    if cfg.block in ("gpt_neox", "llama"):
+        mixing = 2.0 * 2 * b * t * t * cfg.d_model / 2 * cfg.n_layers  # causal: half the t x t scores
+    else:
+        mixing = 2.0 * 2 * b * t * cfg.d_inner * cfg.d_state * cfg.n_layers  # write and read of the state
+    return dense + 3.0 * mixing
+
+
+def bench_throughput(steps: int, reps: int, peak: float, log=print) -> list[dict]:
+    rows = []
+    b, t = THROUGHPUT_TASK["batch"], THROUGHPUT_TASK["seq_len"]
+    for name, cfg in THROUGHPUT_MODELS.items():
+        model = build_model(cfg)
+        tx = optim.make_optimizer(optim.OptimCfg(name="adamw", lr=1e-3, total_steps=steps))
+        step = jax.jit(make_train_step(_loss(model), tx))
+        task = synthetic_lm.SyntheticCfg("copy", batch=b, seq_len=t, vocab_size=cfg.vocab_size)
+        batch = synthetic_lm.sample(synthetic_lm.step_key(0, 0), task)
+        state0 = TrainState.create(model.init(jax.random.PRNGKey(0), batch.inputs[:1, :8])["params"], tx,
+                                   jax.random.PRNGKey(1))
+
+        def run():
+            s = state0
+            for _ in range(steps):
+                s, _ = step(s, batch)
+            jax.block_until_ready(s)
+
+        first, best = _timed(run, reps)
+        sec = best / steps
+        flops = model_flops(cfg, b, t)
+        row = {"model": name, "params": count_breakdown(cfg)["total"], "batch": b, "seq_len": t,
+               "step_s": sec, "tokens_per_s": b * t / sec, "flops": flops, "peak_fraction": flops / sec / peak,
+               "first_s": first}
+        log(f"[bench train] {name}: {row['tokens_per_s']:,.0f} tokens/s ({1e3 * sec:.1f} ms/step), "
+            f"{100 * row['peak_fraction']:.1f}% of the matmul peak")
+        rows.append(row)
+    return rows
+
+
+def markdown(result: dict) -> str:
+    lines = [f"Measured {result['date']} on {result['cpu']} ({result['cores']} cores), jax {result['jax']}, "
+             f"`{result['command']}`; best of {result['reps']} repeats after a first call that compiles.", "",
+             "**Sweep**: 16 Mamba-2 LMs (4 learning rates x 4 gate offsets, recall task) trained by one vmapped "
+             "program vs one after another, the same steps from the same states.", "",
+             "| models | params each | batch x length | steps | one vmapped program | 16 runs one after another | "
+             "speed-up | speed-up incl. compilation |", "|---|---|---|---|---|---|---|---|"]
+    for r in result["sweep"]:
+        lines.append(f"| {r['name']} | {r['params_per_model']:,} | {r['batch']} x {r['seq_len']} | {r['steps']} | "
+                     f"{r['sweep_s']:.3f} s | {r['sequential_s']:.3f} s | **{r['speedup']:.1f}×** | "
+                     f"{r['speedup_first']:.1f}× |")
+    lines += ["", "Where the time goes (small size; one model vs 16 vmapped, per replica):", "",
+              "| model | forward, one | forward, vmapped | gradient, one | gradient, vmapped |", "|---|---|---|---|---|"]
+    for r in result.get("split", []):
+        lines.append(f"| {r['model']} | {1e3 * r['forward_single_s']:.2f} ms | {1e3 * r['forward_vmapped_s']:.2f} ms | "
+                     f"{1e3 * r['gradient_single_s']:.2f} ms | {1e3 * r['gradient_vmapped_s']:.2f} ms |")
+    lines += ["",
+              f"**Training throughput** (forward + backward + AdamW, float32; batch {THROUGHPUT_TASK['batch']}, "
+              f"length {THROUGHPUT_TASK['seq_len']}, 4 layers, d_model 256; matmul peak "
+              f"{result['matmul_peak_flops'] / 1e9:.1f} GFLOP/s):", "",
+              "| model | params | ms / step | tokens/s | model GFLOP / step | % of matmul peak | × floor |",
+              "|---|---|---|---|---|---|---|"]
+    for r in result["throughput"]:
+        lines.append(f"| {r['model']} | {r['params']:,} | {1e3 * r['step_s']:.1f} | {r['tokens_per_s']:,.0f} | "
+                     f"{r['flops'] / 1e9:.2f} | {100 * r['peak_fraction']:.1f} | {1 / r['peak_fraction']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv) -> None:
+    del argv
+    reps = max(1, min(FLAGS.reps, 3))
+    peak = measure_matmul_flops()
+    result = {"date": time.strftime("%Y-%m-%d"), "cpu": _cpu_name(), "cores": os.cpu_count(), "jax": jax.__version__,
+              "command": "python -m ssmgate.bench " + " ".join(sys.argv[1:]), "reps": reps,
+              "matmul_peak_flops": peak, "sweep": [dict(bench_sweep(FLAGS.train_steps, reps, cfg, task), name=name)
+                        for name, (cfg, task) in SWEEP_SIZES.items()],
+              "split": bench_split(reps),
+              "throughput": bench_throughput(max(2, FLAGS.train_steps // 4), reps, peak)}
+    print(markdown(result))
+    out = pathlib.Path(FLAGS.out if FLAGS["out"].present else "runs/bench/train.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    if FLAGS.docs:
+        update_docs(FLAGS.docs, markdown(result), name="train")
+        print(f"updated {FLAGS.docs}")

@@ -1,0 +1,31 @@
+"""The training benchmark's harness at toy sizes (the real one runs by hand: python -m ssmgate.bench sweep)."""
+import dataclasses
+
+from ssmgate.bench import train
+from ssmgate.models.config import ModelCfg
+
+
+def test_sweep_and_throughput_rows_and_markdown(monkeypatch):
+    tiny = ModelCfg(block="mamba2", vocab_size=16, d_model=16, n_layers=1, d_state=8, headdim=8)
+    task = dataclasses.replace(train.SWEEP_TASK, vocab_size=16, batch=4, seq_len=9)
+    row = train.bench_sweep(steps=2, reps=1, cfg=tiny, task=task, k_lrs=2, k_offsets=2, log=lambda *_: None)
+    assert row["replicas"] == 4 and row["sweep_s"] > 0 and row["speedup"] == row["sequential_s"] / row["sweep_s"]
+    monkeypatch.setattr(train, "THROUGHPUT_MODELS", {"Mamba-2": tiny,
+                                                     "Transformer": ModelCfg(block="llama", vocab_size=16, d_model=16,
+                                                                             n_layers=1, n_heads=2, mlp="swiglu")})
+    monkeypatch.setattr(train, "THROUGHPUT_TASK", {"batch": 2, "seq_len": 8})
+    rows = train.bench_throughput(steps=2, reps=1, peak=1e9, log=lambda *_: None)
+    assert [r["model"] for r in rows] == ["Mamba-2", "Transformer"]
+    assert all(r["tokens_per_s"] > 0 and 0 < r["flops"] for r in rows)
+    split = train.bench_split(1, cfg=tiny, task=task, k=2, log=lambda *_: None)
+    assert [r["model"] for r in split] == ["Mamba-2", "Llama"] and all(r["gradient_vmapped_s"] > 0 for r in split)
+    text = train.markdown({"date": "d", "cpu": "c", "cores": 2, "jax": "j", "command": "cmd", "reps": 1,
+                           "matmul_peak_flops": 1e9, "sweep": [dict(row, name="toy")], "split": split, "throughput": rows})
+    assert "| toy | " in text and "| Llama |" in text and "speed-up" in text and "| Mamba-2 |" in text and "| Transformer |" in text
+
+
+def test_model_flops_grow_with_the_sequence_for_attention_only_quadratically():
+    att = ModelCfg(block="llama", vocab_size=16, d_model=16, n_layers=1, n_heads=2, mlp="swiglu")
+    ssm = ModelCfg(block="mamba2", vocab_size=16, d_model=16, n_layers=1, d_state=8, headdim=8)
+    assert train.model_flops(ssm, 1, 200) / train.model_flops(ssm, 1, 100) == 2.0
+    assert train.model_flops(att, 1, 200) / train.model_flops(att, 1, 100) > 2.0
