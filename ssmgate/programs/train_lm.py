@@ -5,8 +5,9 @@ optimizer, sharded and jitted step, data from (seed, step), evaluation on a fixe
 checkpoints with automatic resume, metrics, progress, plots and summary.json. With more than one
 replica (seeds x learning rates x gate offsets) the replicas are trained by one vmapped step.
 
-summary.json: {"replicas": [labels], "final": {eval metric: [per replica]}, "escape_step",
-"stopped_step", "diverged", "params", "tokens_per_s", "wall_s", "resumed_from"}.
+summary.json: {"replicas": [labels], "final": {eval metric: value, or [per replica] in a sweep},
+"steps", "params", "tokens_per_s", "wall_s", "resumed_from", "params_digest" (sha256 of the
+weights), and for sweeps "escape_step", "stopped_step", "diverged", "divergence"}.
 """
 from __future__ import annotations
 
@@ -21,14 +22,12 @@ import numpy as np
 
 from ssmgate.models import presets
 from ssmgate.models.config import ModelCfg
-from ssmgate.models.gates import offset_gates
 from ssmgate.models.lm import build_model
+from ssmgate.programs import lm_runs
 from ssmgate.programs.config_error import ConfigError
 from ssmgate.tasks import synthetic_lm
 from ssmgate.train import loop, mesh as meshlib, optim, sweep
 from ssmgate.train.run_dir import RunDir, say
-from ssmgate.train.state import TrainState
-from ssmgate.train.step import make_train_step
 from ssmgate.train.writers import plot_curves
 
 EVAL_SEED_OFFSET = 1_000_003  # the evaluation set's seed: seed + this, never a training step's key
@@ -70,73 +69,14 @@ class TrainLMCfg:
         return self
 
 
-def _loss_fn(model):
-    def loss_fn(params, batch, rng):
-        del rng  # the models are deterministic (no dropout)
-        logits, _ = model.apply({"params": params}, batch.inputs)
-        return synthetic_lm.lm_loss(logits, batch)
-    return loss_fn
-
-
-def _init_params(model, cfg: TrainLMCfg):
-    tokens = jnp.zeros((1, min(cfg.task.seq_len, 16)), jnp.int32)
-
-    def init(key, offset):
-        params = model.init(key, tokens)["params"]
-        return offset_gates(params, offset) if cfg.model.block == "mamba2" else params
-    return init
-
-
-class Built:
-    """Everything the loop needs, built once from the config and the mesh."""
-
-    def __init__(self, cfg: TrainLMCfg, mesh):
-        self.cfg, self.mesh = cfg, mesh
-        self.model = build_model(cfg.model)
-        self.tx = optim.make_optimizer(cfg.optim)
-        step = make_train_step(_loss_fn(self.model), self.tx, compute_dtype=jnp.dtype(cfg.model.dtype))
-        init = _init_params(self.model, cfg)
-        task = cfg.task
-        eval_key = synthetic_lm.step_key(cfg.replicas[0].seed + EVAL_SEED_OFFSET, 0)
-        self.eval_set = [synthetic_lm.sample(k, task) for k in jax.random.split(eval_key, cfg.eval_batches)]
-        seeds = np.array([r.seed for r in cfg.replicas])
-        loss_fn = _loss_fn(self.model)
-
-        def eval_one(params):
-            ms = []
-            for b in self.eval_set:
-                loss, metrics = loss_fn(params, b, None)
-                ms.append(dict(metrics, loss=loss))
-            return jax.tree.map(lambda *v: jnp.mean(jnp.stack(v)), *ms)
-
-        if cfg.is_sweep:
-            self.abstract = jax.eval_shape(lambda: sweep.init_sweep(cfg.replicas, init, self.tx))
-            shard = sweep.sweep_shardings(self.abstract, mesh, cfg.mesh.params)
-            self.init_state = lambda: jax.device_put(sweep.init_sweep(cfg.replicas, init, self.tx), shard)
-            batch_shard = meshlib.batch_sharding(mesh, 2, replica_axis=True)
-            self.step = meshlib.jit_step(sweep.sweep_step(step), shard, batch_shard)
-            sample_k = jax.vmap(lambda s, k: synthetic_lm.sample(synthetic_lm.step_key(s, k), task), (0, None))
-            self.batch_fn = jax.jit(lambda k: sample_k(jnp.asarray(seeds, jnp.uint32), k), out_shardings=batch_shard)
-            self.eval_fn = jax.jit(lambda s: jax.vmap(eval_one)(s.train.params))
-        else:
-            r = cfg.replicas[0]
-
-            def init_single():
-                key_init, key_rng = jax.random.split(jax.random.PRNGKey(r.seed))
-                state = TrainState.create(init(key_init, r.offset), self.tx, key_rng)
-                return state.replace(opt_state=optim.set_learning_rate(state.opt_state, r.lr))
-
-            self.abstract = jax.eval_shape(init_single)
-            shard = meshlib.state_shardings(self.abstract, mesh, cfg.mesh.params)
-            self.init_state = jax.jit(init_single, out_shardings=shard)
-            batch_shard = meshlib.batch_sharding(mesh, 2)
-            self.step = meshlib.jit_step(step, shard, batch_shard)
-            self.batch_fn = jax.jit(lambda k: synthetic_lm.sample(synthetic_lm.step_key(r.seed, k), task),
-                                    out_shardings=batch_shard)
-            self.eval_fn = jax.jit(lambda s: eval_one(s.params))
-        self.shardings = shard
-        self.abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                     self.abstract, shard)
+def build(cfg: TrainLMCfg, mesh) -> lm_runs.Run:
+    task = cfg.task
+    eval_keys = jax.random.split(synthetic_lm.step_key(cfg.replicas[0].seed + EVAL_SEED_OFFSET, 0), cfg.eval_batches)
+    return lm_runs.build_run(
+        cfg.model, cfg.optim, cfg.replicas,
+        sample=lambda seed, k: synthetic_lm.sample(synthetic_lm.step_key(seed, k), task),
+        loss=synthetic_lm.lm_loss, eval_batches=[synthetic_lm.sample(k, task) for k in eval_keys],
+        mesh=mesh, mode=cfg.mesh.params, force_sweep=cfg.force_sweep)
 
 
 def describe(cfg: TrainLMCfg) -> str:
@@ -162,7 +102,7 @@ def run(cfg: TrainLMCfg, run_dir: str) -> dict:
         mesh = meshlib.make_mesh(cfg.mesh)
     except ValueError as e:  # the mesh flags against the devices this run has
         raise ConfigError(str(e)) from None
-    built = Built(cfg, mesh)
+    built = build(cfg, mesh)
     labels = [r.label for r in cfg.replicas]
     meta = {"config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "labels": labels}
     kwargs = {}
@@ -181,21 +121,13 @@ def run(cfg: TrainLMCfg, run_dir: str) -> dict:
     return summary
 
 
-def params_digest(params) -> str:
-    """sha256 of every parameter's bytes in tree order: equal digests = bit-identical weights."""
-    h = hashlib.sha256()
-    for leaf in jax.tree.leaves(jax.device_get(params)):
-        h.update(np.ascontiguousarray(leaf).tobytes())
-    return h.hexdigest()
-
-
 def _summary(cfg: TrainLMCfg, result: loop.LoopResult, labels) -> dict:
     steps_run = result.step - (result.resumed_from or 0)
     tokens = steps_run * cfg.task.batch * cfg.task.seq_len * len(cfg.replicas)
     summary = {"replicas": labels, "final": {k.removeprefix("eval_"): v for k, v in result.last_eval.items()},
                "steps": result.step, "params": presets.param_count(cfg.model), "wall_s": result.wall_s,
                "tokens_per_s": tokens / max(result.wall_s, 1e-9), "resumed_from": result.resumed_from,
-               "params_digest": params_digest(result.state.train.params if cfg.is_sweep else result.state.params)}
+               "params_digest": lm_runs.params_digest(result.state.train.params if cfg.is_sweep else result.state.params)}
     if cfg.is_sweep:
         s = result.state
         summary.update(escape_step=[None if v < 0 else int(v) for v in np.asarray(s.escape_step)],

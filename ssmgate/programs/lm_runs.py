@@ -1,0 +1,114 @@
+"""One language-model run or sweep, built for the training loop: the pieces every LM program shares.
+
+`build_run` turns a model, an optimizer, replicas and a data function into what `loop.run`
+needs: the initial state (sharded on the mesh), its abstract shape with shardings (for resume),
+the jitted step, the batch of step k and the evaluation. With one replica (and no forced sweep)
+it is a single run on TrainState; otherwise the replicas are stacked and trained by one vmapped
+step (ssmgate.train.sweep).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ssmgate.models.config import ModelCfg
+from ssmgate.models.gates import offset_gates
+from ssmgate.models.lm import build_model
+from ssmgate.train import mesh as meshlib, optim, sweep
+from ssmgate.train.state import TrainState
+from ssmgate.train.step import make_train_step
+
+
+def lm_loss_fn(model, loss: Callable) -> Callable:
+    """loss_fn(params, batch, rng) of the train step: logits of `batch.inputs`, then loss(logits, batch)."""
+    def loss_fn(params, batch, rng):
+        del rng  # the models are deterministic (no dropout)
+        logits, _ = model.apply({"params": params}, batch.inputs)
+        return loss(logits, batch)
+    return loss_fn
+
+
+def init_params_fn(model, model_cfg: ModelCfg, seq_len: int = 16) -> Callable:
+    """init(key, offset) -> params, traceable in offset (Mamba-2's gate offset; 0 elsewhere)."""
+    tokens = jnp.zeros((1, seq_len), jnp.int32)
+
+    def init(key, offset):
+        params = model.init(key, tokens)["params"]
+        return offset_gates(params, offset) if model_cfg.block == "mamba2" else params
+    return init
+
+
+def params_digest(params) -> str:
+    """sha256 of every parameter's bytes in tree order: equal digests = bit-identical weights."""
+    h = hashlib.sha256()
+    for leaf in jax.tree.leaves(jax.device_get(params)):
+        h.update(np.ascontiguousarray(leaf).tobytes())
+    return h.hexdigest()
+
+
+@dataclasses.dataclass
+class Run:
+    model: object
+    is_sweep: bool
+    init_state: Callable      # () -> state, sharded
+    abstract: object          # the state's ShapeDtypeStructs with shardings
+    step: Callable            # (state, batch) -> (state, metrics), jitted with shardings
+    batch_fn: Callable        # k -> batch (leading replica axis in a sweep)
+    eval_fn: Callable         # state -> dict of metrics (per replica in a sweep)
+
+    def params(self, state):
+        return state.train.params if self.is_sweep else state.params
+
+
+def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sample: Callable, loss: Callable,
+              eval_batches, mesh, mode: str, force_sweep: bool = False) -> Run:
+    """sample(seed, k) -> batch of step k for a replica seeded `seed` (jittable in k);
+    loss(logits, batch) -> (loss, metrics); the evaluation is the mean of loss and metrics over
+    the fixed `eval_batches`."""
+    model = build_model(model_cfg)
+    tx = optim.make_optimizer(optim_cfg)
+    loss_fn = lm_loss_fn(model, loss)
+    evaluate = mean_metrics(lambda params, batch: loss_fn(params, batch, None), eval_batches)
+    step = make_train_step(loss_fn, tx, compute_dtype=jnp.dtype(model_cfg.dtype))
+    init = init_params_fn(model, model_cfg)
+    is_sweep = len(replicas) > 1 or force_sweep
+    if is_sweep:
+        make = lambda: sweep.init_sweep(replicas, init, tx)
+        shard = sweep.sweep_shardings(jax.eval_shape(make), mesh, mode)
+        batch_shard = meshlib.batch_sharding(mesh, 2, replica_axis=True)
+        seeds = jnp.asarray([r.seed for r in replicas], jnp.uint32)
+        batch_fn = jax.jit(lambda k: jax.vmap(sample, (0, None))(seeds, k), out_shardings=batch_shard)
+        run_step = meshlib.jit_step(sweep.sweep_step(step), shard, batch_shard)
+        eval_fn = jax.jit(lambda s: jax.vmap(evaluate)(s.train.params))
+    else:
+        r = replicas[0]
+
+        def make():
+            key_init, key_rng = jax.random.split(jax.random.PRNGKey(r.seed))
+            state = TrainState.create(init(key_init, r.offset), tx, key_rng)
+            return state.replace(opt_state=optim.set_learning_rate(state.opt_state, r.lr))
+
+        shard = meshlib.state_shardings(jax.eval_shape(make), mesh, mode)
+        batch_shard = meshlib.batch_sharding(mesh, 2)
+        batch_fn = jax.jit(lambda k: sample(r.seed, k), out_shardings=batch_shard)
+        run_step = meshlib.jit_step(step, shard, batch_shard)
+        eval_fn = jax.jit(lambda s: evaluate(s.params))
+    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), jax.eval_shape(make), shard)
+    return Run(model, is_sweep, jax.jit(make, out_shardings=shard), abstract, run_step, batch_fn, eval_fn)
+
+
+def mean_metrics(loss_fn_params: Callable, batches) -> Callable:
+    """evaluate(params): the mean over fixed batches of loss(params, batch) -> (loss, metrics),
+    with the loss under the key 'loss'."""
+    def evaluate(params):
+        ms = []
+        for b in batches:
+            value, metrics = loss_fn_params(params, b)
+            ms.append(dict(metrics, loss=value))
+        return jax.tree.map(lambda *v: jnp.mean(jnp.stack(v)), *ms)
+    return evaluate
