@@ -36,6 +36,10 @@ Parameters (paths relative to the mixer; H heads, P headdim, N d_state, R rank):
   out_proj/kernel  (d_inner, d_model)
 There is no A_log: A_t is data-dependent (gates.py edits Mamba-2 gates only).
 
+Diagnostics: every call sows `intermediates/phase_increment` (b, t, H, r), the per-token phase
+step in radians (dt * theta; for the damped cores the angle of the underdamped rotation, dt * nu),
+read with `model.apply(..., mutable=["intermediates"])` (P2's phase-code probe, SPEC 6.3).
+
 `__call__(u_btd, cache=None) -> (y_btd, new_cache)`: the cache is the core's final state
 (RotationState, DampedState or MimoState), so a sequence run in pieces equals one run; decoding
 is t = 1 with the cache.
@@ -102,12 +106,14 @@ class Mamba3Mixer(nn.Module):
 
         if tr in DAMPED:
             nu = jnp.broadcast_to((jnp.pi * jnp.tanh(ang.astype(jnp.float32)))[:, :, None, :], (b, t, h, r))
+            self.sow("intermediates", "phase_increment", dt_bth[..., None] * nu)
             y, state = damped(x_bthp, dt_bth, rate_bth, nu, B_bthRn[:, :, :, 0], C_bthRn[:, :, :, 0], D,
                               regime=tr, overdamped_c=cfg.overdamped_c, trap=trap_bth,
                               initial_state=cache, algorithm=cfg.algorithm)
             gated = y * jax.nn.silu(z_bthp)
         else:
             theta = self._theta(tr, ang, dt_bth, b, t, h, r)
+            self.sow("intermediates", "phase_increment", dt_bth[..., None] * theta)
             kw = dict(trap=trap_bth, initial_state=cache, algorithm=cfg.algorithm, chunk_size=cfg.chunk_size)
             if use_mimo:
                 gated, state = self._mimo(x_bthp, z_bthp, dt_bth, -rate_bth, B_bthRn, C_bthRn, theta, D, R, kw)

@@ -381,3 +381,20 @@ def test_bad_config_errors():
     with pytest.raises(ValueError, match=r"initial_state' has shape \(2, 4, 8, 8\); "
                                          r"expected \(b, h, p, n\) = \(3, 4, 8, 8\)"):
         m.apply(params, inputs(b=3), cache._replace(conv=jnp.zeros((3, 3, 48))))
+
+
+def test_mamba3_sows_the_per_token_phase_increment():
+    import jax
+    import jax.numpy as jnp
+    from ssmgate.models.config import ModelCfg
+    from ssmgate.models.mamba3 import Mamba3Mixer
+    cfg = ModelCfg(block="mamba3", d_model=16, d_state=8, headdim=8, rope_fraction=1.0)
+    mixer = Mamba3Mixer(cfg)
+    u = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 16))
+    params = mixer.init(jax.random.PRNGKey(0), u)["params"]
+    (_, state), inter = mixer.apply({"params": params}, u, mutable=["intermediates"])
+    inc = inter["intermediates"]["phase_increment"][0]
+    assert inc.shape == (2, 5, cfg.n_ssm_heads, cfg.n_rot_pairs)
+    assert float(jnp.abs(inc).max()) <= jnp.pi * 0.2  # |dt * pi tanh| with dt <= ~0.1 at init
+    # the core's final phase is the sum of the sowed increments mod 2 pi
+    assert jnp.allclose(jnp.mod(inc.sum(axis=1), 2 * jnp.pi), state.phase, atol=1e-5)
