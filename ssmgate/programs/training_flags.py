@@ -1,0 +1,78 @@
+"""Flags shared by the programs that train models of the zoo (absl flags are global: one
+definition each): model flags generated from ModelCfg's fields on top of `--preset`, optimizer
+flags from OptimCfg's (`--opt_*`, with the common `--lr` and `--steps`), mesh flags `--mesh_*`,
+and the loop's cadence. `--task` is a string each program checks against its own tasks.
+"""
+from __future__ import annotations
+
+from absl import flags
+
+from ssmgate.models import presets
+from ssmgate.models.config import ModelCfg
+from ssmgate.programs import common_flags  # noqa: F401  (--lr, --batch, --steps, --seed, --seeds)
+from ssmgate.programs import dataclass_flags
+from ssmgate.programs.config_error import ConfigError
+from ssmgate.programs.grids import parse_grid
+from ssmgate.train import loop, mesh as meshlib, optim
+
+flags.DEFINE_string("preset", None, "A named model of ssmgate.models.presets; model flags override its fields.")
+dataclass_flags.define(ModelCfg)
+dataclass_flags.define(optim.OptimCfg, prefix="opt_", skip=("lr", "total_steps"))
+dataclass_flags.define(meshlib.MeshCfg, prefix="mesh_")
+flags.DEFINE_string("task", None, "The program's task (train: copy | recall; p2_state_tracking: parity | mod3 | arith).")
+flags.DEFINE_integer("log_every", 50, "Steps between progress lines and metrics.jsonl records.")
+flags.DEFINE_integer("eval_every", 0, "Steps between evaluations (0: only at the end).")
+flags.DEFINE_integer("ckpt_every", 0, "Steps between checkpoints (0: only at the end).")
+flags.DEFINE_integer("keep_ckpts", 3, "Checkpoints kept.")
+flags.DEFINE_boolean("tensorboard", True, "Write TensorBoard event files when tensorboardX is installed.")
+flags.DEFINE_string("sweep_lrs", "", "Sweep: peak learning rates (grid, e.g. 'logspace:-4:-2:8'); empty = --lr.")
+
+FLAGS = flags.FLAGS
+
+
+def require(name: str, program: str):
+    if FLAGS[name].value is None:
+        raise ConfigError(f"--{name} is required for --program={program}")
+    return FLAGS[name].value
+
+
+def model_cfg(base: ModelCfg | None = None) -> ModelCfg:
+    """`base` (or the `--preset`, or ModelCfg's defaults) with the model flags applied."""
+    if base is None:
+        base = ModelCfg()
+        if FLAGS.preset is not None:
+            if FLAGS.preset not in presets.PRESETS:
+                raise ConfigError(f"--preset={FLAGS.preset}: expected one of {', '.join(sorted(presets.PRESETS))}")
+            base = presets.PRESETS[FLAGS.preset]
+    return dataclass_flags.build(ModelCfg, base)
+
+
+def optim_cfg(lr: float, steps: int) -> optim.OptimCfg:
+    return dataclass_flags.build(optim.OptimCfg, optim.OptimCfg(lr=lr, total_steps=steps), prefix="opt_",
+                                 skip=("lr", "total_steps"))
+
+
+def mesh_cfg() -> meshlib.MeshCfg:
+    return dataclass_flags.build(meshlib.MeshCfg, meshlib.MeshCfg(), prefix="mesh_")
+
+
+def loop_cfg(steps: int, name: str = "train") -> loop.LoopCfg:
+    try:
+        return loop.LoopCfg(steps=steps, log_every=FLAGS.log_every, eval_every=FLAGS.eval_every,
+                            ckpt_every=FLAGS.ckpt_every, keep_ckpts=FLAGS.keep_ckpts, tensorboard=FLAGS.tensorboard,
+                            name=name).validate()
+    except ValueError as e:
+        raise ConfigError(f"--{e}") from None
+
+
+def learning_rates(lr: float | None) -> list[float]:
+    """--sweep_lrs, or [lr]; positive."""
+    try:
+        lrs = parse_grid("sweep_lrs", FLAGS.sweep_lrs) or ([] if lr is None else [lr])
+    except ValueError as e:
+        raise ConfigError(str(e) if str(e).startswith("--") else f"--{e}") from None
+    if not lrs:
+        raise ConfigError("--sweep_lrs or --lr is required")
+    if any(v <= 0 for v in lrs):
+        raise ConfigError(f"--sweep_lrs={FLAGS.sweep_lrs}: expected positive learning rates")
+    return lrs
