@@ -1,0 +1,84 @@
+"""The P2 state-tracking program (Table 2) at toy sizes: summary, LR choice, phase code, resume,
+flags and the paper flag files."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ssmgate.models import presets
+from ssmgate.programs import p2_state_tracking as p2
+from ssmgate.tasks import state_tracking as st
+from ssmgate.train import loop, mesh, optim
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def tiny_cfg(task="parity", models=("underdamped", "mamba2")):
+    model = presets.state_tracking("m3_native", 1).replace(d_model=16, d_state=8, headdim=8)
+    data = st.StateTrackDataCfg(task=task, batch=8, max_len=9 if task == "arith" else 8, L_min=3, L_max0=5,
+                                L_max1=9 if task == "arith" else 8, ramp_steps=4)
+    return p2.StateTrackingCfg(
+        data=data, model=model, optim=optim.OptimCfg(name="adamw", lr=1e-2, total_steps=6, warmup_steps=1),
+        loop=loop.LoopCfg(steps=6, log_every=3, tensorboard=False), mesh=mesh.MeshCfg(), lrs=(1e-2, 3e-3),
+        models=models, val_n=16, test_n=24, test_lens=(12, 13)).validate()
+
+
+def test_table_row_summary_lr_choice_and_phase_code(tmp_path):
+    cfg = tiny_cfg()
+    out = p2.run(cfg, tmp_path)
+    assert json.loads((tmp_path / "summary.json").read_text()) == out
+    assert out["models"] == ["underdamped", "mamba2"] and out["test_lens"] == [12, 13]
+    for name in cfg.models:
+        assert out["chosen_lr"][name] in cfg.lrs
+        assert out["chosen_lr"][name] == cfg.lrs[int(np.argmax(out["val_accuracy"][name]))]
+        for length, acc in out["accuracy"][name].items():
+            assert 0.0 <= acc <= 1.0
+            assert out["scaled_accuracy"][name][length] == pytest.approx(100 * (acc - 0.5) / 0.5)
+        assert (tmp_path / name / "checkpoints" / "6").is_dir()
+    code = out["phase_code"]
+    h, r = cfg.model.n_ssm_heads, cfg.model.n_rot_pairs
+    assert len(code["pairs_deg"]) == h * r and code["ideal_deg"] == [0.0, 180.0]
+    best = code["pairs_deg"][code["head"] * r + code["pair"]]
+    assert code["deg"] == best and all(-180 < d <= 180 for d in code["deg"])
+    score = [abs(a) + abs(abs(b) - 180) for a, b in code["pairs_deg"]]
+    assert min(score) == abs(best[0]) + abs(abs(best[1]) - 180)
+    # A second run resumes every row from its final checkpoint and reproduces the summary.
+    again = p2.run(cfg, tmp_path)
+    assert again["accuracy"] == out["accuracy"] and again["chosen_lr"] == out["chosen_lr"]
+
+
+def test_arithmetic_tests_odd_lengths_and_has_no_phase_code(tmp_path):
+    cfg = tiny_cfg("arith", models=("critical",))
+    out = p2.run(cfg, tmp_path)
+    assert out["test_lens"] == [11, 13] and "phase_code" not in out
+    assert set(out["scaled_accuracy"]["critical"]) == {"11", "13"}
+
+
+def test_rows_swap_only_the_transition():
+    cfg = tiny_cfg(models=tuple(p2.MODELS))
+    widths = {(m.d_model, m.d_state, m.n_layers, m.headdim) for m in map(cfg.model_for, cfg.models)}
+    assert widths == {(16, 8, 1, 8)}
+    assert cfg.model_for("mamba2").block == "mamba2"
+    assert [cfg.model_for(n).transition for n in ("underdamped", "overdamped", "critical", "m3_static")] == \
+        ["native", "over", "critical", "static"]
+
+
+def run_main(*args):
+    return subprocess.run([sys.executable, "-m", "ssmgate.main", *args], cwd=REPO, capture_output=True, text=True)
+
+
+def test_paper_flag_files_dry_run_and_bad_flags_name_themselves():
+    for task in ("parity", "mod3", "arith"):
+        res = run_main(f"--flagfile=experiments/p2/state_tracking_{task}.flags", "--dry_run")
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert "0.0001, 0.000193" in res.stdout and "underdamped_companion" in res.stdout
+    base = ["--program=p2_state_tracking", "--steps=5", "--batch=4", "--lr=1e-3", "--dry_run"]
+    for extra, message in ((["--task=copy"], "--task=copy: expected one of parity, mod3, arith"),
+                           (["--task=parity", "--models=gru"], "--models=gru: expected some of"),
+                           (["--task=arith", "--l_min=4"], "--l_min=4"),
+                           (["--task=parity", "--l_max0=200"], "--l_max1=160: expected >= L_max0 = 200")):
+        res = run_main(*base, *extra)
+        assert res.returncode != 0 and message in res.stderr, (extra, res.stderr[-1500:])
