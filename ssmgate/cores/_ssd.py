@@ -76,6 +76,20 @@ def segment_decays(logdecay_bcqh):
     return cum_bcqh, jnp.exp(jnp.where(causal, seg, -jnp.inf))
 
 
+def carry_chunk_states(chunk_states_bchpn, cum_bcqh, h0_bhpn):
+    """The inter-chunk pass: a short sequential scan over the nc chunks. chunk_states are each
+    chunk's own contribution to the state at its end, cum_bcqh the cumulative log-decays inside
+    chunks. Returns the final state (b, h, p, n) and the state entering each chunk (b, c, h, p, n)."""
+    chunk_decay_cbh = jnp.exp(jnp.moveaxis(cum_bcqh[:, :, -1, :], 1, 0))
+
+    def carry_state(state, inputs):
+        decay_bh, s_bhpn = inputs
+        return decay_bh[..., None, None] * state + s_bhpn, state
+
+    final, starts = jax.lax.scan(carry_state, h0_bhpn, (chunk_decay_cbh, jnp.moveaxis(chunk_states_bchpn, 1, 0)))
+    return final, jnp.moveaxis(starts, 0, 1)
+
+
 def chunked_ssd(xs_bthp, logdecay_bth, blocks: Sequence[tuple], h0_bhpn, chunk: int, xdiag_bthp=None):
     """SSD decomposition of h_t = exp(l_t) h_{t-1} + xs_t B_t^T, y_t = h_t C_t (no D term).
 
@@ -111,15 +125,7 @@ def chunked_ssd(xs_bthp, logdecay_bth, blocks: Sequence[tuple], h0_bhpn, chunk: 
         states.append(s.reshape(b, nc, h, p, B.shape[4]))
     chunk_states = states[0] if len(states) == 1 else jnp.concatenate(states, axis=-1)
 
-    # Inter-chunk: a short sequential scan over nc chunk states.
-    chunk_decay_cbh = jnp.exp(jnp.moveaxis(cum_bcqh[:, :, -1, :], 1, 0))
-
-    def carry_state(state, inputs):
-        decay_bh, s_bhpn = inputs
-        return decay_bh[..., None, None] * state + s_bhpn, state
-
-    final, starts = jax.lax.scan(carry_state, h0_bhpn, (chunk_decay_cbh, jnp.moveaxis(chunk_states, 1, 0)))
-    starts = jnp.moveaxis(starts, 0, 1)  # (b, c, h, p, n): state entering each chunk
+    final, starts = carry_chunk_states(chunk_states, cum_bcqh, h0_bhpn)
 
     y_inter = 0.0
     offset = 0

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from ssmgate.cores import _checks, auto
-from ssmgate.cores._ssd import associative_states, chunk_time, per_token, segment_decays
+from ssmgate.cores._ssd import associative_states, carry_chunk_states, chunk_time, per_token, segment_decays
 from ssmgate.cores.rotation import TWO_PI, phases_cos_sin, rotate_pairs, scan_tokens
 
 CORE = "rotation_mimo"
@@ -233,15 +233,7 @@ def chunked_mimo(xs_bthRp, logdecay_bth, blocks, h0_bhpn, chunk: int, xdiag_bthR
         states.append(s.reshape(b, nc, h, p, B.shape[-1]))
     chunk_states = states[0] if len(states) == 1 else jnp.concatenate(states, axis=-1)
 
-    # Inter-chunk: a short sequential scan over nc chunk states.
-    chunk_decay_cbh = jnp.exp(jnp.moveaxis(cum_bcqh[:, :, -1, :], 1, 0))
-
-    def carry_state(state, inputs):
-        decay_bh, s_bhpn = inputs
-        return decay_bh[..., None, None] * state + s_bhpn, state
-
-    final, starts = jax.lax.scan(carry_state, h0_bhpn, (chunk_decay_cbh, jnp.moveaxis(chunk_states, 1, 0)))
-    starts = jnp.moveaxis(starts, 0, 1)  # (b, c, h, p, n): state entering each chunk
+    final, starts = carry_chunk_states(chunk_states, cum_bcqh, h0_bhpn)
 
     y_inter = 0.0
     offset = 0

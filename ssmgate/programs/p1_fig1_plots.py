@@ -3,17 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ssmgate.plotting import pyplot
 from ssmgate.theory import gating as theory
-
-
-def _pyplot():
-    try:
-        import matplotlib
-    except ImportError as e:  # the `plot` extra
-        raise ImportError("figures need matplotlib: pip install 'ssmgate[plot]' (make venv installs it)") from e
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
 
 
 def _finish(fig, ax, path, xlabel, ylabel, title, **legend):
@@ -33,7 +24,7 @@ def _save(fig, path):
 
 
 def plot_a(path, cfg, alpha_r, dm, dr, s):
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 3.8))
     grid = np.asarray(s["alpha0"])
     fine = np.logspace(np.log10(grid.min()), np.log10(grid.max()), 60)
@@ -53,7 +44,7 @@ def plot_a(path, cfg, alpha_r, dm, dr, s):
 
 
 def plot_b(path, cfg, alpha_r, steps_r, s):
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 3.8))
     grid = np.asarray(s["alpha0"])
     ok = steps_r > 0
@@ -73,7 +64,7 @@ def plot_b(path, cfg, alpha_r, steps_r, s):
 
 
 def plot_c(path, cfg, acc, deltas, s):
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 3.8))
     taus = np.asarray(cfg.tau, float)
     fine = np.logspace(np.log10(taus.min()), np.log10(taus.max()), 80)
@@ -88,7 +79,7 @@ def plot_c(path, cfg, acc, deltas, s):
 
 
 def plot_d(path, cfg, acc, deltas, s):
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.6, 4.0))
     taus = np.asarray(cfg.tau, float)
     # The heat-map cells are the run's distance bins (the CSV has every distance).

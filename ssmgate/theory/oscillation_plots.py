@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ssmgate.plotting import pyplot
 from ssmgate.theory import oscillation as theory
 
 _LABELS = {
@@ -20,16 +21,6 @@ _NO_ZETA = {  # families whose Table 8 damping column is not a number
     "deltanet": "no restoring term\n" r"($\omega_0 = 0$): $\zeta = \infty$",
 }
 _ZETA_CAP = 1e3  # larger ratios (a rate near 0) are drawn at the cap
-
-
-def _pyplot():
-    try:
-        import matplotlib
-    except ImportError as e:  # the `plot` extra
-        raise ImportError("figures need matplotlib: pip install 'ssmgate[plot]' (make venv installs it)") from e
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
 
 
 def _sample(n, seed):
@@ -96,7 +87,7 @@ def plot_spectra(path, n=300, seed=0):
     path = Path(path)
     if int(n) < 1:
         raise ValueError(f"n must be an integer >= 1, got {n!r}")
-    plt = _pyplot()
+    plt = pyplot()
     samples = _sample(int(n), int(seed))
     fig = plt.figure(figsize=(14.0, 5.6), layout="constrained")
     grid = fig.add_gridspec(2, 5, width_ratios=[1, 1, 1, 0.1, 2.6])
