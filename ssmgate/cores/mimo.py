@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from ssmgate.cores import _checks, auto
 from ssmgate.cores._ssd import associative_states, carry_chunk_states, chunk_time, per_token, segment_decays
-from ssmgate.cores.rotation import TWO_PI, phases_cos_sin, rotate_pairs, scan_tokens
+from ssmgate.cores.rotation import TWO_PI, phases_cos_sin, rotate_pairs, scan_tokens, trapezoid_scales
 
 CORE = "rotation_mimo"
 # The official MIMO kernels keep chunk * R <= 64 (SPEC 1.3: chunk 16 at R = 4): the intra-chunk
@@ -267,14 +267,10 @@ def _chunked(x, dt, A, B, C, theta, lam, D, state0, chunk):
     if lam is None:
         scale = dt
     else:
-        # Token s's write W_s enters the state with weight gamma_s at s and
-        # gamma_s + (1 - lambda_{s+1}) dt_{s+1} from s+1 on (the trapezoid's shifted term, already
-        # decayed by a_{s+1}); the diagonal (token s read at s, every rank pair) keeps gamma_s.
-        carry = (1.0 - lam) * dt
-        nxt = jnp.concatenate([carry[:, 1:], jnp.zeros_like(carry[:, :1])], axis=1)
-        scale = lam * dt + nxt
+        # As in rotation; the diagonal correction covers every rank pair of a token.
+        scale, nxt, carry0 = trapezoid_scales(dt, lam)
         xdiag = -nxt[..., None, None] * x
-        h0 = h0 + carry[:, 0][..., None, None] * _writes(state0.x_prev, state0.B_prev)
+        h0 = h0 + carry0[..., None, None] * _writes(state0.x_prev, state0.B_prev)
     y, h_final = chunked_mimo(x * scale[..., None, None], dt * A, blocks, h0, chunk, xdiag)
     if D is not None:
         y = y + D[:, None, None] * x

@@ -137,6 +137,17 @@ def _sequential(*args):
     return scan_tokens(_step, *args)
 
 
+def trapezoid_scales(dt, lam):
+    """The chunked forms' write scales under the trapezoid: token s enters the state with weight
+    gamma_s = lambda_s dt_s at s and gamma_s + (1 - lambda_{s+1}) dt_{s+1} from s+1 on (the shifted
+    term, already decayed by a_{s+1}); the diagonal (s read at s) keeps gamma_s. Returns that scale
+    (b, t, h), the shifted part (subtracted again on the diagonal) and (1 - lambda_0) dt_0, the
+    weight of the previous call's last write (b, h)."""
+    carry = (1.0 - lam) * dt
+    nxt = jnp.concatenate([carry[:, 1:], jnp.zeros_like(carry[:, :1])], axis=1)
+    return lam * dt + nxt, nxt, carry[:, 0]
+
+
 def _final_state(phase, B, cos, sin, h_final, x):
     B_last = rotate_pairs(expand_groups(B[:, -1], x.shape[2]), cos[:, -1], sin[:, -1])
     return RotationState(jnp.mod(phase[:, -1], TWO_PI), h_final, B_last, x[:, -1])
@@ -176,13 +187,9 @@ def _chunked(x, dt, A, B, C, theta, lam, D, state0, chunk):
     if lam is None:
         scale = dt
     else:
-        # Token s enters the state with weight gamma_s at s and gamma_s + (1 - lambda_{s+1}) dt_{s+1}
-        # from s+1 on (the trapezoid's shifted term, already decayed by a_{s+1}); the diagonal keeps gamma_s.
-        carry = (1.0 - lam) * dt
-        nxt = jnp.concatenate([carry[:, 1:], jnp.zeros_like(carry[:, :1])], axis=1)
-        scale = lam * dt + nxt
+        scale, nxt, carry0 = trapezoid_scales(dt, lam)
         xdiag = -nxt[..., None] * x
-        h0 = h0 + (carry[:, 0][..., None] * state0.x_prev)[..., None] * state0.B_prev[:, :, None, :]
+        h0 = h0 + (carry0[..., None] * state0.x_prev)[..., None] * state0.B_prev[:, :, None, :]
     y, h_final = chunked_ssd(x * scale[..., None], dt * A, blocks, h0, chunk, xdiag)
     if D is not None:
         y = y + D[:, None] * x

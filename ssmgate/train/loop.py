@@ -31,7 +31,7 @@ NONFINITE_WHAT = {1: "the loss", 2: "a gradient"}
 
 
 class TrainingDiverged(RuntimeError):
-    pass
+    """A single run's loss or gradient is not finite; the message names the step and the quantity."""
 
 
 @dataclasses.dataclass(frozen=True)
