@@ -5,31 +5,13 @@ import json
 import shutil
 from pathlib import Path
 
+from ssmgate.programs.report_format import cell as _f, table as _table
+
 PAPER = {  # the paper's readings and SPEC §2.6 / §9.1 references
     "alpha_star": 0.158, "no_decay_accuracy": 0.638,
     "crossing_range": (0.15, 0.21), "bayes_tolerance": 0.03,
     "no_decay_tolerance": 0.02,
 }
-
-
-def _f(x, digits=3):
-    if x is None:
-        return "–"
-    if isinstance(x, bool):
-        return "yes" if x else "**no**"
-    if isinstance(x, int):
-        return str(x)
-    if isinstance(x, float):
-        if abs(x) >= 1e4 or abs(x) < 1:  # significant digits: 0.00316, 0.177, 6.54e+04
-            return f"{x:.{digits}g}"
-        return f"{x:.{digits}f}".rstrip("0").rstrip(".")
-    return str(x)
-
-
-def _table(header, rows):
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_f(v) if not isinstance(v, str) else v for v in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
 
 
 def _checks(runs, configs):
