@@ -82,7 +82,8 @@ def bench_sweep(steps: int, reps: int, cfg: ModelCfg = SWEEP_MODEL, task=SWEEP_T
     init = lambda key, offset: offset_gates(model.init(key, tokens)["params"], offset)
     state0 = sweep.init_sweep(replicas, init, tx)
     keys = [synthetic_lm.step_key(0, k) for k in range(steps)]
-    batches = [jax.jit(lambda key: synthetic_lm.sample(key, task))(key) for key in keys]
+    sample = jax.jit(lambda key: synthetic_lm.sample(key, task))  # compiled once for every step's key
+    batches = [sample(key) for key in keys]
     k = len(replicas)
     stacked = [jax.tree.map(lambda a: jnp.broadcast_to(a, (k,) + a.shape), b) for b in batches]
 

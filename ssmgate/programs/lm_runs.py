@@ -79,7 +79,8 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
     is_sweep = len(replicas) > 1 or force_sweep
     if is_sweep:
         make = lambda: sweep.init_sweep(replicas, init, tx)
-        shard = sweep.sweep_shardings(jax.eval_shape(make), mesh, mode)
+        shapes = jax.eval_shape(make)
+        shard = sweep.sweep_shardings(shapes, mesh, mode)
         batch_shard = meshlib.batch_sharding(mesh, 2, replica_axis=True)
         seeds = jnp.asarray([r.seed for r in replicas], jnp.uint32)
         batch_fn = jax.jit(lambda k: jax.vmap(sample, (0, None))(seeds, k), out_shardings=batch_shard)
@@ -93,12 +94,13 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
             state = TrainState.create(init(key_init, r.offset), tx, key_rng)
             return state.replace(opt_state=optim.set_learning_rate(state.opt_state, r.lr))
 
-        shard = meshlib.state_shardings(jax.eval_shape(make), mesh, mode)
+        shapes = jax.eval_shape(make)
+        shard = meshlib.state_shardings(shapes, mesh, mode)
         batch_shard = meshlib.batch_sharding(mesh, 2)
         batch_fn = jax.jit(lambda k: sample(r.seed, k), out_shardings=batch_shard)
         run_step = meshlib.jit_step(step, shard, batch_shard)
         eval_fn = jax.jit(lambda s: evaluate(s.params))
-    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), jax.eval_shape(make), shard)
+    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shard)
     return Run(model, is_sweep, jax.jit(make, out_shardings=shard), abstract, run_step, batch_fn, eval_fn)
 
 

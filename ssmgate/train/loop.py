@@ -126,6 +126,8 @@ def run(run_dir: RunDir, cfg: LoopCfg, *, init_state: Callable[[], Any], abstrac
         while k < cfg.steps:
             state_before = state
             state, metrics = step_fn(state, batch_fn(k))
+            # One host sync per step: a non-finite step must stop the run before the next one is
+            # dispatched (the metrics are a few scalars, or K-vectors in a sweep).
             metrics = jax.device_get(metrics)
             message = _check_nonfinite(metrics, k)
             if message is not None:
