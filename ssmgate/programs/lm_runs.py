@@ -9,6 +9,7 @@ step (ssmgate.train.sweep).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from typing import Callable
 
@@ -66,10 +67,16 @@ class Run:
 
 
 def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sample: Callable, loss: Callable,
-              eval_batches, mesh, mode: str, force_sweep: bool = False) -> Run:
+              eval_batches, mesh, mode: str, force_sweep: bool = False, stage: Callable | None = None) -> Run:
     """sample(seed, k) -> batch of step k for a replica seeded `seed` (jittable in k);
     loss(logits, batch) -> (loss, metrics); the evaluation is the mean of loss and metrics over
-    the fixed `eval_batches`."""
+    the fixed `eval_batches`.
+
+    Staged shapes: with `stage(k) -> s` (host-side, a function of k only; s hashable, e.g. a padded
+    length or a length bucket) the sampler is `sample(seed, k, s)` with s static. Each stage compiles
+    its own batch function and train step once, so a length curriculum or bucketed lengths pay for
+    the padding of their stage, not of the longest sequence. Every replica of a sweep shares the
+    stage of step k (one array shape per step)."""
     model = build_model(model_cfg)
     tx = optim.make_optimizer(optim_cfg)
     loss_fn = lm_loss_fn(model, loss)
@@ -83,7 +90,7 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
         shard = sweep.sweep_shardings(shapes, mesh, mode)
         batch_shard = meshlib.batch_sharding(mesh, 2, replica_axis=True)
         seeds = jnp.asarray([r.seed for r in replicas], jnp.uint32)
-        batch_fn = jax.jit(lambda k: jax.vmap(sample, (0, None))(seeds, k), out_shardings=batch_shard)
+        batch_fn = staged(lambda fn: lambda k: jax.vmap(fn, (0, None))(seeds, k), sample, stage, batch_shard)
         run_step = meshlib.jit_step(sweep.sweep_step(step), shard, batch_shard)
         eval_fn = jax.jit(lambda s: jax.vmap(evaluate)(s.train.params))
     else:
@@ -97,11 +104,30 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
         shapes = jax.eval_shape(make)
         shard = meshlib.state_shardings(shapes, mesh, mode)
         batch_shard = meshlib.batch_sharding(mesh, 2)
-        batch_fn = jax.jit(lambda k: sample(r.seed, k), out_shardings=batch_shard)
+        batch_fn = staged(lambda fn: lambda k: fn(r.seed, k), sample, stage, batch_shard)
         run_step = meshlib.jit_step(step, shard, batch_shard)
         eval_fn = jax.jit(lambda s: evaluate(s.params))
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shard)
     return Run(model, is_sweep, jax.jit(make, out_shardings=shard), abstract, run_step, batch_fn, eval_fn)
+
+
+def staged(batch_of: Callable, sample: Callable, stage: Callable | None, sharding) -> Callable:
+    """k -> batch, jitted: batch_of(sample) (a function of k), or with stages batch_of(sample(., ., s))
+    for s = stage(k), compiled once per stage."""
+    if stage is None:
+        return jax.jit(batch_of(sample), out_shardings=sharding)
+    jitted = {}
+
+    def batch_fn(k):
+        s = stage(k)
+        if s not in jitted:
+            jitted[s] = jax.jit(batch_of(functools.partial(_with_stage, sample, s)), out_shardings=sharding)
+        return jitted[s](k)
+    return batch_fn
+
+
+def _with_stage(sample, s, seed, k):
+    return sample(seed, k, s)
 
 
 def mean_metrics(loss_fn_params: Callable, batches) -> Callable:

@@ -65,6 +65,7 @@ class StateTrackingCfg:
     val_n: int = 2048
     test_n: int = 8192
     test_lens: tuple = (224, 256)
+    len_quantum: int = 32            # training batches padded to a multiple of this >= L_max(step) (0: max_len)
 
     @property
     def task(self) -> str:
@@ -77,7 +78,7 @@ class StateTrackingCfg:
     def fingerprint(self, name: str) -> str:
         keyed = {"data": dataclasses.asdict(self.data), "model": dataclasses.asdict(self.model_for(name)),
                  "optim": dataclasses.asdict(self.optim), "lrs": list(self.lrs), "seeds": self.seeds,
-                 "seed": self.seed, "val_n": self.val_n}
+                 "seed": self.seed, "val_n": self.val_n, "len_quantum": self.len_quantum}
         return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def validate(self) -> "StateTrackingCfg":
@@ -89,6 +90,8 @@ class StateTrackingCfg:
         for name, value in (("val_n", self.val_n), ("test_n", self.test_n), ("seeds", self.seeds)):
             if value < 1:
                 raise ConfigError(f"--{name}={value}: expected >= 1")
+        if self.len_quantum < 0:
+            raise ConfigError(f"--len_quantum={self.len_quantum}: expected >= 0 (0 = pad every batch to --l_max1)")
         for length in self.test_lens:
             if length < 3:
                 raise ConfigError(f"--test_lens: {length}: expected lengths >= 3")
@@ -149,7 +152,8 @@ def train_model(cfg: StateTrackingCfg, name: str, run_dir: RunDir, mesh) -> dict
     replicas = sweep.grid(range(cfg.seed, cfg.seed + cfg.seeds), cfg.lrs)
     data = cfg.data
     run = lm_runs.build_run(model_cfg, cfg.optim, replicas,
-                            sample=lambda seed, k: st.sample(step_key(seed, k), data, k), loss=answer_metrics,
+                            sample=lambda seed, k, width: st.sample(step_key(seed, k), data, k, width),
+                            stage=lambda k: st.curriculum_width(data, k, cfg.len_quantum), loss=answer_metrics,
                             eval_batches=fixed_set(data, VAL_SEED, val_len, cfg.val_n), mesh=mesh,
                             mode=cfg.mesh.params, force_sweep=True)
     labels = [r.label for r in replicas]

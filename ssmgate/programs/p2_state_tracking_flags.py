@@ -21,6 +21,8 @@ flags.DEFINE_integer("l_max0", 40, "Curriculum: longest training length at step 
 flags.DEFINE_integer("l_max1", 160, "Curriculum: longest training length after the ramp.")
 flags.DEFINE_integer("ramp_steps", None, "Curriculum: steps over which the longest length grows (default: SPEC 6.2 "
                      "per task, 6000 parity/mod 3, 10000 arithmetic).")
+flags.DEFINE_integer("len_quantum", 32, "Training batches are padded to the smallest multiple of this that holds "
+                     "the curriculum's longest length (one compilation per width; 0 = always --l_max1).")
 flags.DEFINE_integer("val_n", 2048, "Validation sequences (test length, own seed) that choose the learning rate.")
 flags.DEFINE_integer("test_n", 8192, "Test sequences per test length.")
 flags.DEFINE_list("test_lens", ["224", "256"], "Test lengths (arithmetic uses the odd length below each).")
@@ -46,7 +48,7 @@ def config_from_flags() -> p2.StateTrackingCfg:
     cfg = p2.StateTrackingCfg(data=data, model=model, optim=tf.optim_cfg(lrs[0], steps),
                               loop=tf.loop_cfg(steps, name=task), mesh=tf.mesh_cfg(), lrs=tuple(lrs),
                               models=tuple(FLAGS.models), seeds=FLAGS.seeds, seed=FLAGS.seed, val_n=FLAGS.val_n,
-                              test_n=FLAGS.test_n, test_lens=test_lens)
+                              test_n=FLAGS.test_n, test_lens=test_lens, len_quantum=FLAGS.len_quantum)
     return cfg.validate()
 
 

@@ -207,13 +207,29 @@ def _lm_batch(seq_bl, lengths_b) -> LMBatch:
     return LMBatch(seq_bl[:, :-1], seq_bl[:, 1:], mask)
 
 
-def sample(key, cfg: StateTrackDataCfg, step) -> LMBatch:
+def sample(key, cfg: StateTrackDataCfg, step, width: int | None = None) -> LMBatch:
     """A training batch of step `step` (SPEC §6.2): lengths ~ U{L_min .. L_max(step)}, padded to
-    cfg.max_len; arrays (cfg.batch, cfg.max_len - 1). Jittable with cfg static, step traced."""
+    `width` (default cfg.max_len); arrays (cfg.batch, width - 1). Jittable with cfg and width static,
+    step traced. A narrower width must hold L_max(step): take it from `curriculum_width`."""
     cfg.validate()
+    width = cfg.max_len if width is None else width
+    if not isinstance(width, (int, np.integer)) or not cfg.L_min <= width <= cfg.max_len:
+        raise ValueError(f"width={width!r}: expected an int in [L_min, max_len] = [{cfg.L_min}, {cfg.max_len}]")
     k_len, k_seq = jax.random.split(key)
     lengths = _draw_lengths(k_len, cfg, step)
-    return _lm_batch(_sequences(k_seq, cfg.task, lengths, cfg.max_len), lengths)
+    return _lm_batch(_sequences(k_seq, cfg.task, lengths, width), lengths)
+
+
+def curriculum_width(cfg: StateTrackDataCfg, step: int, quantum: int) -> int:
+    """The padded width of step `step` (host-side): the smallest multiple of `quantum` that holds
+    L_max(step), at most cfg.max_len; quantum 0 = always max_len. Early curriculum steps then cost
+    their short lengths instead of the longest one, with one compilation per width."""
+    if not isinstance(quantum, (int, np.integer)) or quantum < 0:
+        raise ValueError(f"quantum={quantum!r}: expected an int >= 0 (0 = no staging)")
+    if quantum == 0:
+        return cfg.max_len
+    longest = int(curriculum_max_len(cfg, int(step)))
+    return min(cfg.max_len, -(-longest // quantum) * quantum)
 
 
 def batch_for_step(cfg: StateTrackDataCfg, seed: int, step) -> LMBatch:

@@ -155,6 +155,22 @@ def test_lengths_uniform_within_curriculum_bounds(task):
         assert np.all(np.abs(counts - expect) < 5 * np.sqrt(expect))
 
 
+def test_curriculum_width_stages_hold_the_longest_length():
+    cfg = st.StateTrackDataCfg.paper("parity", batch=64)  # L_max 40 -> 160 over 6000 steps
+    assert [st.curriculum_width(cfg, k, 32) for k in (0, 1, 2999, 3000, 5999, 10**5)] == [64, 64, 128, 128, 160, 160]
+    assert st.curriculum_width(cfg, 0, 0) == 160 and st.curriculum_width(cfg, 0, 7) == 42
+    for step in (0, 1000, 4000, 7000):
+        width = st.curriculum_width(cfg, step, 32)
+        batch = jax.jit(st.sample, static_argnums=(1, 3))(jax.random.key(2), cfg, step, width)
+        assert batch.inputs.shape == (64, width - 1)
+        assert width >= int(st.curriculum_max_len(cfg, step)) >= _lengths(batch).max()
+        np.testing.assert_array_equal(np.asarray(batch.mask).sum(axis=1), 1.0)
+    with pytest.raises(ValueError, match="quantum=-1"):
+        st.curriculum_width(cfg, 0, -1)
+    with pytest.raises(ValueError, match=r"width=200: expected an int in \[L_min, max_len\] = \[3, 160\]"):
+        st.sample(jax.random.key(0), cfg, 0, 200)
+
+
 def test_mask_padding_and_lm_loss():
     cfg = st.StateTrackDataCfg.paper("mod3", batch=64, L_max0=160)
     batch = _sample(jax.random.key(6), cfg, 123)
