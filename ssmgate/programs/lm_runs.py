@@ -88,7 +88,7 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
         make = lambda: sweep.init_sweep(replicas, init, tx)
         shapes = jax.eval_shape(make)
         shard = sweep.sweep_shardings(shapes, mesh, mode)
-        batch_shard = meshlib.batch_sharding(mesh, 2, replica_axis=True)
+        batch_shard = meshlib.batch_sharding(mesh, replica_axis=True)  # a prefix: every batch leaf, any rank
         seeds = jnp.asarray([r.seed for r in replicas], jnp.uint32)
         batch_fn = staged(lambda fn: lambda k: jax.vmap(fn, (0, None))(seeds, k), sample, stage, batch_shard)
         run_step = meshlib.jit_step(sweep.sweep_step(step), shard, batch_shard)
@@ -103,7 +103,7 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
 
         shapes = jax.eval_shape(make)
         shard = meshlib.state_shardings(shapes, mesh, mode)
-        batch_shard = meshlib.batch_sharding(mesh, 2)
+        batch_shard = meshlib.batch_sharding(mesh)
         batch_fn = staged(lambda fn: lambda k: fn(r.seed, k), sample, stage, batch_shard)
         run_step = meshlib.jit_step(step, shard, batch_shard)
         eval_fn = jax.jit(lambda s: evaluate(s.params))

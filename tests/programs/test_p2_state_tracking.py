@@ -1,5 +1,6 @@
 """The P2 state-tracking program (Table 2) at toy sizes: summary, LR choice, phase code, resume,
 flags and the paper flag files."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -8,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ssmgate import reproduce
 from ssmgate.models import presets
 from ssmgate.programs import p2_state_tracking as p2
 from ssmgate.tasks import state_tracking as st
@@ -51,7 +53,9 @@ def test_table_row_summary_lr_choice_and_phase_code(tmp_path):
 
 
 def test_arithmetic_tests_odd_lengths_and_has_no_phase_code(tmp_path):
-    cfg = tiny_cfg("arith", models=("critical",))
+    # len_quantum 4: the curriculum's batches are 8 then 9 tokens wide (two stages, one compile each).
+    cfg = dataclasses.replace(tiny_cfg("arith", models=("critical",)), len_quantum=4)
+    assert [st.curriculum_width(cfg.data, k, 4) for k in (0, 3, 4)] == [8, 8, 9]
     out = p2.run(cfg, tmp_path)
     assert out["test_lens"] == [11, 13] and "phase_code" not in out
     assert set(out["scaled_accuracy"]["critical"]) == {"11", "13"}
@@ -75,6 +79,14 @@ def test_paper_flag_files_dry_run_and_bad_flags_name_themselves():
         res = run_main(f"--flagfile=experiments/p2/state_tracking_{task}.flags", "--dry_run")
         assert res.returncode == 0, res.stderr[-2000:]
         assert "0.0001, 0.000193" in res.stdout and "underdamped_companion" in res.stdout
+    for scale in ("cpu", "quick"):
+        for task in ("parity", "mod3", "arith"):
+            res = run_main(f"--flagfile=experiments/p2/{scale}/state_tracking_{task}.flags", "--dry_run")
+            assert res.returncode == 0, res.stderr[-2000:]
+            rows = [line.split(":")[0].strip() for line in res.stdout.splitlines() if "parameters" in line]
+            assert rows == list(p2.TABLE_MODELS), rows
+            changes = " ".join(reproduce.changes_from_paper("p2", f"state_tracking_{task}", scale))
+            assert "a_activation: (unset) -> softplus" in changes and "steps: 10000 ->" in changes
     base = ["--program=p2_state_tracking", "--steps=5", "--batch=4", "--lr=1e-3", "--dry_run"]
     for extra, message in ((["--task=copy"], "--task=copy: expected one of parity, mod3, arith"),
                            (["--task=parity", "--models=gru"], "--models=gru: expected some of"),
