@@ -72,8 +72,11 @@ def checks(entry: dict) -> dict:
     for task, ideal in (("parity", 180.0), ("mod3", 120.0)):
         deg = entry["phase_code"].get(f"{task}_deg")
         if deg is not None:
-            out[f"{task}_phase_code_within_{PHASE_TOLERANCE_DEG:g}_deg"] = bool(
-                abs(deg[0]) <= PHASE_TOLERANCE_DEG and abs(abs(deg[1]) - ideal) <= PHASE_TOLERANCE_DEG)
+            # The closest of H x r pairs to the ideal code can be close by chance in an untrained model
+            # (selection over ~100 pairs): the code counts only where the model tracks the state.
+            solved = acc.get("underdamped", {}).get(task, -np.inf) >= SOLVED
+            out[f"{task}_phase_code_within_{PHASE_TOLERANCE_DEG:g}_deg_and_solved"] = bool(
+                solved and abs(deg[0]) <= PHASE_TOLERANCE_DEG and abs(abs(deg[1]) - ideal) <= PHASE_TOLERANCE_DEG)
     return out
 
 
