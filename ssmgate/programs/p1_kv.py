@@ -282,7 +282,7 @@ def plateau_accuracy(steps, values, offsets, escape) -> Optional[float]:
 
 # --- the run -----------------------------------------------------------------------------------------------
 
-def _stopped_at_checkpoint(rd: RunDir, abstract, fingerprint: str, steps: int) -> Optional[int]:
+def stopped_at_checkpoint(rd: RunDir, abstract, fingerprint: str, steps: int) -> Optional[int]:
     """The step of the latest checkpoint when every replica had stopped there before `steps`
     (a finished early-stopped run): resuming must not train past it."""
     path = rd.file("checkpoints")
@@ -302,7 +302,7 @@ def _stopped_at_checkpoint(rd: RunDir, abstract, fingerprint: str, steps: int) -
         ckpt.close()
 
 
-def _gate_stats(run_built, model_cfg: ModelCfg, replicas, final_params) -> dict:
+def gate_stats(run_built, model_cfg: ModelCfg, replicas, final_params) -> dict:
     """Median tau over the heads of all layers (SPEC 2.5) at initialisation and after training, and the
     median |delta alpha|, per offset and seed (Mamba-2 only)."""
     if model_cfg.block != "mamba2":
@@ -346,7 +346,7 @@ def run(cfg: KVRunCfg, run_dir: str) -> dict:
 
     fingerprint = cfg.fingerprint()
     loop_cfg = dataclasses.replace(cfg.loop, name=f"p1_kv {task.query}")
-    stopped = _stopped_at_checkpoint(rd, built.abstract, fingerprint, loop_cfg.steps)
+    stopped = stopped_at_checkpoint(rd, built.abstract, fingerprint, loop_cfg.steps)
     if stopped is not None:
         loop_cfg = dataclasses.replace(loop_cfg, steps=stopped)
     meta = {"config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "labels": labels}
@@ -386,7 +386,7 @@ def run(cfg: KVRunCfg, run_dir: str) -> dict:
     final_params = built.params(state)
     if cfg.lengen_ns:
         summary.update(length_generalisation(cfg, built, evaluate, dictionary, final_params, replicas))
-    summary.update(_gate_stats(built, cfg.model, replicas, final_params))
+    summary.update(gate_stats(built, cfg.model, replicas, final_params))
     summary["wall_s"] = time.perf_counter() - t0
     if jax.process_index() == 0:
         rd.write_csv("kv_curve.csv", ("offset", "seed", "step", "seq_acc"),

@@ -39,7 +39,7 @@ PROGRAM = "p1_kv"
 ESCAPE_THR, STOP_THR = 0.95, 0.99  # SPEC 3.3 / 3.4
 
 
-def _int_list(name: str, text: str) -> tuple[int, ...]:
+def int_list(name: str, text: str) -> tuple[int, ...]:
     values = []
     for item in (s.strip() for s in text.split(",")):
         if not item:
@@ -71,7 +71,7 @@ def config_from_flags() -> p1_kv.KVRunCfg:
     cfg = p1_kv.KVRunCfg(
         kv=task, model=model, optim=tf.optim_cfg(lrs[0], steps), loop=tf.loop_cfg(steps, name=PROGRAM),
         mesh=tf.mesh_cfg(), lr=lrs[0], offsets=tuple(offsets), seeds=FLAGS.seeds, seed=FLAGS.seed,
-        n_buckets=FLAGS.kv_buckets, eval_n=FLAGS.eval_n, lengen_ns=_int_list("lengen_ns", FLAGS.lengen_ns),
+        n_buckets=FLAGS.kv_buckets, eval_n=FLAGS.eval_n, lengen_ns=int_list("lengen_ns", FLAGS.lengen_ns),
         lengen_eval_n=FLAGS.lengen_eval_n,
         escape_thr=_or(train_lm_flags.FLAGS.escape_thr, ESCAPE_THR), stop_thr=_or(train_lm_flags.FLAGS.stop_thr, STOP_THR),
         preset=FLAGS.preset)

@@ -35,7 +35,7 @@ PAPER = {"plateau": 0.43, "r2": 0.816, "offset_plus1_at_2048": 0.35}  # SPEC 3.4
 PLATEAU_TOL = 0.06  # SPEC §9 C12
 
 
-def _okeys(d: dict) -> list[str]:
+def offset_keys(d: dict) -> list[str]:
     """Offset keys sorted by value."""
     return sorted(d, key=float)
 
@@ -64,7 +64,7 @@ def collect(runs: dict) -> dict:
     entry: dict = {}
     first = runs.get("kv_best_first")
     if first:
-        entry["escape_step"] = {o: first["escape_step_by_offset"][o] for o in _okeys(first["escape_step_by_offset"])}
+        entry["escape_step"] = {o: first["escape_step_by_offset"][o] for o in offset_keys(first["escape_step_by_offset"])}
         entry["plateau_accuracy"] = first["plateau_accuracy"]
         entry["memoriser_accuracy"] = first["memoriser_accuracy"]
         entry["escape_fit"] = first["escape_fit"]
@@ -72,7 +72,7 @@ def collect(runs: dict) -> dict:
     last = runs.get("kv_best_last")
     if last and last.get("lengen_accuracy"):
         acc = last["lengen_accuracy"]
-        entry["lengen_accuracy"] = {o: {n: acc[o][n]["mean"] for n in sorted(acc[o], key=int)} for o in _okeys(acc)}
+        entry["lengen_accuracy"] = {o: {n: acc[o][n]["mean"] for n in sorted(acc[o], key=int)} for o in offset_keys(acc)}
     tr = runs.get("kv_transformer")
     if tr and tr.get("lengen_accuracy"):
         (only,) = tr["lengen_accuracy"].values()  # offsets = (0,)
@@ -86,7 +86,7 @@ def checks(runs: dict, entry: dict) -> dict:
         out[f"plateau_within_{PLATEAU_TOL:g}_of_memoriser"] = bool(
             abs(entry["plateau_accuracy"] - entry["memoriser_accuracy"]) <= PLATEAU_TOL)
     if entry.get("escape_step"):
-        medians = [_median_escape(entry["escape_step"][o]) for o in _okeys(entry["escape_step"])]
+        medians = [_median_escape(entry["escape_step"][o]) for o in offset_keys(entry["escape_step"])]
         out["escape_non_decreasing_in_offset"] = all(a <= b for a, b in zip(medians, medians[1:]))
         out["smallest_offset_escapes"] = math.isfinite(medians[0])
     n = _lengen_n(runs["kv_best_last"]) if "kv_best_last" in runs else None
@@ -99,7 +99,7 @@ def checks(runs: dict, entry: dict) -> dict:
 
 # --- figures -------------------------------------------------------------------------------------------
 
-def _colors(keys):
+def offset_colors(keys):
     import matplotlib
     cmap = matplotlib.colormaps["viridis"]
     return {o: cmap(i / max(len(keys) - 1, 1)) for i, o in enumerate(keys)}
@@ -112,7 +112,7 @@ def plot_curves(run: dict, path: Path) -> Path:
     for c in run["curves"]:
         by_offset.setdefault(f"{c['offset']:g}", []).append(c)
     keys = sorted(by_offset, key=float)
-    colors = _colors(keys)
+    colors = offset_colors(keys)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for o in keys:
         curves = sorted(by_offset[o], key=lambda c: c["seed"])
@@ -167,8 +167,8 @@ def plot_lengen(last: dict | None, transformer: dict | None, path: Path) -> Path
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     acc = last["lengen_accuracy"]
-    keys = _okeys(acc)
-    colors = _colors(keys)
+    keys = offset_keys(acc)
+    colors = offset_colors(keys)
 
     def band(cells, color, label, ls="-"):
         ns = sorted(cells, key=int)
@@ -215,7 +215,7 @@ def _reference_rows(runs: dict, entry: dict) -> list:
 def _escape_table(run: dict) -> str:
     esc = run["escape_step_by_offset"]
     rows = []
-    for o in _okeys(esc):
+    for o in offset_keys(esc):
         med = _median_escape(esc[o])
         tau = run.get("median_tau", {}).get(o, {}).get("init")
         rows.append([o, math.exp(float(o)), ", ".join("never" if s is None else str(s) for s in esc[o]),
@@ -227,7 +227,7 @@ def _escape_table(run: dict) -> str:
 def _lengen_table(last: dict, transformer: dict | None) -> str:
     acc = last["lengen_accuracy"]
     ns = sorted({n for by_n in acc.values() for n in by_n}, key=int)
-    series = [(f"Mamba-2 δ = {o}", acc[o]) for o in _okeys(acc)]
+    series = [(f"Mamba-2 δ = {o}", acc[o]) for o in offset_keys(acc)]
     if transformer and transformer.get("lengen_accuracy"):
         series.append(("Transformer", next(iter(transformer["lengen_accuracy"].values()))))
     fmt = lambda c: "–" if c is None else f"{c['mean']:.3f} [{c['ci95_lo']:.3f}, {c['ci95_hi']:.3f}]"  # noqa: E731
