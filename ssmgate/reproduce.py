@@ -19,7 +19,7 @@ from pathlib import Path
 
 from absl import app, flags
 
-from ssmgate.programs import p1_fig1_report, p1_kv_report, p2_state_tracking_report
+from ssmgate.programs import p1_fig1_report, p1_horn_report, p1_kv_report, p2_state_tracking_report
 from ssmgate.train.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,6 +29,7 @@ SCALES = ("quick", "cpu", "paper")
 EXPERIMENTS = {
     "p1_fig1": ("p1", ("fig1a", "fig1b", "fig1c", "fig1d"), p1_fig1_report),
     "p1_kv": ("p1", ("kv_best_first", "kv_best_last", "kv_transformer"), p1_kv_report),
+    "p1_horn": ("p1", ("horn_retrieval", "horn_lengen", "horn_transformer"), p1_horn_report),
     "p2_state_tracking": ("p2", ("state_tracking_parity", "state_tracking_mod3", "state_tracking_arith"),
                           p2_state_tracking_report),
 }

@@ -1,0 +1,366 @@
+"""The P1 Horn-clause program (Fig 3, Table 1) at toy sizes: both regimes end to end (curves, probes,
+early/final values, length generalisation, gate statistics), the pooled evaluation against oracle and
+broken models, resume, bad flags, every flag file, and the report from made-up summaries."""
+import csv
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from absl import flags
+
+from ssmgate.models.config import ModelCfg
+from ssmgate.programs import p1_horn
+from ssmgate.programs import p1_horn_report as report
+from ssmgate.programs.config_error import ConfigError
+from ssmgate.programs.p1_kv import t_interval
+from ssmgate.tasks import horn
+from ssmgate.tasks import horn_ranking as hr
+from ssmgate.train import loop, mesh, optim, sweep
+
+REPO = Path(__file__).resolve().parents[2]
+KEYS = {"program", "regime", "horn", "replicas", "replica_offset", "replica_seed", "offsets", "seeds", "steps",
+        "escape_step", "stopped_step", "diverged", "probe_k", "eval_sets", "curves", "early_step", "final_step",
+        "early", "final", "early_per_seed", "final_per_seed", "final_eval", "lengen_ks", "median_tau",
+        "median_alpha_change", "median_tau_token", "median_alpha_change_token", "table1", "table1_token", "wall_s"}
+SETS = {"retrieval": {"first_turn", "no_oracle", "random_oracle_name"}, "lengen": {"first_turn"}}
+
+
+def tiny_cfg(regime="retrieval", steps=20, **kw):
+    """A toy graph (8 propositions per set, K = 8, pools k <= 4) and a 1-layer Mamba-2."""
+    task = horn.HornCfg(regime=regime, props_per_set=8, K=8, k_max=4, batch=8, n_buckets=1)
+    model = ModelCfg(block="mamba2", vocab_size=48, d_model=16, n_layers=1, d_state=8, expand=1, headdim=8,
+                     algorithm="sequential")
+    args = dict(offsets=(-4.0, 2.0), seeds=1, eval_n=16, gate_prompts=8,
+                lengen_ks=(2, 8) if regime == "lengen" else ())
+    args.update(kw)
+    return p1_horn.HornRunCfg(
+        horn=task, model=model, optim=optim.OptimCfg(name="muon", lr=1e-2, total_steps=steps),
+        loop=loop.LoopCfg(steps=steps, log_every=10, eval_every=10, tensorboard=False), mesh=mesh.MeshCfg(),
+        lr=1e-2, **args).validate()
+
+
+@pytest.fixture(scope="module")
+def retrieval_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("p1_horn_retrieval")
+    cfg = tiny_cfg("retrieval")
+    return cfg, root, p1_horn.run(cfg, root)
+
+
+@pytest.fixture(scope="module")
+def lengen_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("p1_horn_lengen")
+    cfg = tiny_cfg("lengen")
+    return cfg, root, p1_horn.run(cfg, root)
+
+
+def _check_common(cfg, root, out, regime):
+    assert json.loads((root / "summary.json").read_text()) == out
+    assert KEYS <= set(out)
+    assert out["regime"] == regime and out["offsets"] == [-4.0, 2.0] and out["seeds"] == [0]
+    assert out["steps"] == 20 and (root / "checkpoints" / "20").is_dir()
+    assert out["escape_step"] == [None, None] and out["stopped_step"] == [None, None]  # no stop rule given
+    assert set(out["eval_sets"]) == SETS[regime] and out["horn"]["k_max"] == 4 and out["horn"]["beta"] == "inf"
+    assert out["early_step"] == 10 and out["final_step"] == 20  # first eval at or after 0.1 x 20 steps
+    for r, curve in enumerate(out["curves"]):
+        assert curve["offset"] == out["offsets"][r] and curve["step"] == [10, 20]
+        assert SETS[regime] <= set(curve) and not (SETS["retrieval"] - SETS[regime]) & set(curve)
+        for name in SETS[regime]:
+            assert all(0.0 <= a <= 1.0 for a in curve[name])
+            o = p1_horn.offset_key(curve["offset"])
+            assert out["early"][name][o] == curve[name][0] and out["final"][name][o] == curve[name][1]
+            assert out["final_per_seed"][name][o] == [curve[name][1]]
+        assert curve["first_turn"][1] == out["final_eval"]["accuracy"][r]
+    assert set(out["early"]) == set(out["final"]) == SETS[regime]
+    # A_log += delta: at init the delta = +2 heads forget e^6 times faster than the delta = -4 ones, whether
+    # the step is softplus(dt_bias) or the token average of dt_t (same seed, same weights and prompts otherwise).
+    for key in ("median_tau", "median_tau_token"):
+        tau = out[key]
+        assert tau["-4"]["init"][0] / tau["2"]["init"][0] == pytest.approx(math.exp(6), rel=1e-3), key
+    assert out["median_tau_token"]["2"]["init"][0] != pytest.approx(out["median_tau"]["2"]["init"][0], rel=1e-3)
+    for o in ("-4", "2"):
+        assert out["table1"][o] == {"median_tau_before": out["median_tau"][o]["init"][0],
+                                    "median_tau_after": out["median_tau"][o]["final"][0],
+                                    "median_abs_dalpha": out["median_alpha_change"][o][0]}
+    assert out["median_alpha_change"]["2"][0] > 0.0
+    drift = list(csv.DictReader(open(root / "gate_drift.csv")))
+    assert [d["init"] for d in drift] == ["-4", "2"]
+    assert float(drift[1]["median_tau_after_token"]) == pytest.approx(out["median_tau_token"]["2"]["final"][0])
+    return list(csv.DictReader(open(root / "horn_curve.csv")))
+
+
+def test_retrieval_run_probes_curves_and_gates(retrieval_run):
+    cfg, root, out = retrieval_run
+    rows = _check_common(cfg, root, out, "retrieval")
+    assert out["probe_k"] == 4 and out["eval_sets"]["no_oracle"] == {"kind": "no_oracle", "k": [4, 4], "examples": 16,
+                                                                    "seed": p1_horn.SET_SEEDS["no_oracle"]}
+    assert out["eval_sets"]["first_turn"]["k"] == [1, 4] and "lengen_accuracy" not in out
+    assert len(rows) == 2 * 2 and {r["init"] for r in rows} == {"-4", "2"}
+    first = next(r for r in rows if r["init"] == "2" and r["step"] == "20")
+    assert float(first["acc_rand_name"]) == out["curves"][1]["random_oracle_name"][1]
+    assert float(first["acc_no_oracle"]) == out["curves"][1]["no_oracle"][1]
+    assert p1_horn.METRIC in out["final_eval"]  # the escape / early-stop metric is an eval metric
+
+
+def test_lengen_run_length_generalisation(lengen_run):
+    cfg, root, out = lengen_run
+    rows = _check_common(cfg, root, out, "lengen")
+    assert out["probe_k"] is None and {r["acc_no_oracle"] for r in rows} == {""}
+    assert set(out["lengen_accuracy"]) == {"-4", "2"} and out["lengen_examples"] == {"2": 16, "8": 16}
+    for o, by_k in out["lengen_accuracy"].items():
+        assert set(by_k) == {"2", "8"}
+        for k, c in by_k.items():
+            (acc,) = c["per_seed"]
+            assert c["mean"] == c["ci95_lo"] == c["ci95_hi"] == acc and 0.0 <= acc <= 1.0  # one seed
+            r = out["offsets"].index(float(o))
+            assert out["lengen_detail"][k][r]["accuracy"] == acc
+    assert len(list(csv.DictReader(open(root / "horn_len.csv")))) == 2 * 2
+
+
+def test_resume_of_a_finished_run_reproduces_it(retrieval_run):
+    cfg, root, out = retrieval_run
+    again = p1_horn.run(cfg, root)
+    assert again["resumed_from"] == 20
+    for key in ("curves", "early", "final", "final_eval", "table1", "table1_token", "median_tau", "steps"):
+        assert again[key] == out[key], key
+
+
+class _Copier:
+    """A fake model whose logit at t is the token at t + 1 (a perfect copier of the target sequence)."""
+
+    def __init__(self, shift=1):
+        self.shift = shift
+
+    def apply(self, variables, inputs):
+        del variables
+        nxt = jnp.concatenate([inputs[:, self.shift:], jnp.zeros_like(inputs[:, :self.shift])], axis=1)
+        return jax.nn.one_hot(nxt, 48), None
+
+
+def test_pooled_evaluation_scores_an_oracle_one_and_a_broken_model_zero():
+    cfg = tiny_cfg("retrieval", eval_n=20)
+    graph = horn.build_graph(cfg.horn)
+    perfect = p1_horn.make_evaluate(_Copier(), jnp.float32, graph)
+    broken = p1_horn.make_evaluate(_Copier(shift=2), jnp.float32, graph)  # emits the name shifted by one digit
+    for name, (kind, lo, hi, n) in cfg.eval_sets.items():
+        data = p1_horn.fixed_set(cfg, graph, p1_horn.SET_SEEDS[name], kind, lo, hi, n)
+        assert data.inputs.shape[:2] == (3, 7)  # 20 examples in balanced chunks of <= 8 at k_max = 4
+        rule = "class1" if name == "first_turn" else hr.RULES[p1_horn.KIND[name]]
+        m = perfect({}, data, rule)
+        assert float(m["accuracy"]) == 1.0 and int(m["n"]) == 21, name
+        assert float(broken({}, data, rule)["accuracy"]) == 0.0, name
+
+
+def test_early_index_and_by_offset():
+    assert p1_horn.early_index([10, 20, 30], 100, 0.1) == 0
+    assert p1_horn.early_index([10, 20, 30], 100, 0.25) == 2
+    assert p1_horn.early_index([10, 20, 30], 100, 0.5) == 2  # none at or after step 50: the last one
+    assert p1_horn.early_index([], 100, 0.1) is None
+    reps = tiny_cfg(seeds=2).replicas  # offsets outermost: (-4, 0), (-4, 1), (2, 0), (2, 1)
+    mean, per = p1_horn.by_offset([0.1, 0.3, 0.5, float("nan")], reps, (-4.0, 2.0))
+    assert mean == {"-4": pytest.approx(0.2), "2": 0.5} and per["-4"] == [0.1, 0.3]
+
+
+# --- flags -------------------------------------------------------------------------------------------------
+
+BASE = ["--program=p1_horn", "--steps=10", "--batch=4", "--lr=1e-3", "--horn_props_per_set=8", "--horn_K=8",
+        "--horn_k_max=4", "--vocab_size=48", "--d_model=16", "--n_layers=1", "--d_state=8", "--expand=1", "--headdim=8"]
+
+
+@pytest.fixture
+def parse():
+    from ssmgate import main  # defines every flag
+    from ssmgate.programs import p1_horn_flags
+    assert main.PROGRAMS["p1_horn"] is p1_horn_flags
+
+    def parse(*args):
+        flags.FLAGS.unparse_flags()
+        flags.FLAGS(["test", *BASE, *args])
+        return p1_horn_flags.config_from_flags()
+    yield parse
+    flags.FLAGS.unparse_flags()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--preset=p1_horn_llama", "--n_heads=4", "--offsets=0,1"], "--offsets=0,1: gate offsets act on Mamba-2's A_log; "
+                                                                 "--block=llama has none"),
+    (["--offsets=1,1"], "--offsets=1,1: expected distinct offsets"),
+    (["--offsets=a"], "--offsets: cannot read 'a'"),
+    (["--horn_k_max=64"], "--horn_k_max=64: expected k_min = 1 <= k_max <= K = 8"),
+    (["--horn_K=100"], "--horn_K=100: expected 1 .. 64"),
+    (["--horn_beta=-1"], "--horn_beta=-1.0: expected a float >= 0"),
+    (["--horn_buckets=0"], "--horn_buckets=0: expected >= 1"),
+    (["--horn_q_fresh=0"], "--horn_q_fresh=0.0: expected a float in (0, 1]"),
+    (["--vocab_size=40"], "--vocab_size=40: expected >= 45"),
+    (["--horn_lengen_ks=4"], "--horn_lengen_ks=4: length generalisation is evaluated for --horn_regime=lengen only"),
+    (["--horn_regime=lengen", "--horn_lengen_ks=4,x"], "--horn_lengen_ks=4,x: cannot read 'x'"),
+    (["--horn_regime=lengen", "--horn_lengen_ks=64"], "--horn_lengen_ks: 64: expected pool sizes in 1..--horn_K=8"),
+    (["--horn_regime=lengen", "--horn_lengen_ks=2,2"], "--horn_lengen_ks=2,2: expected distinct pool sizes"),
+    (["--horn_regime=lengen", "--horn_probe_k=4"], "--horn_probe_k=4: the no-oracle / random-oracle-name probes "
+                                                   "belong to --horn_regime=retrieval"),
+    (["--horn_probe_k=8"], "--horn_probe_k=8: expected 1..6 (the no-oracle probe draws its pool"),
+    (["--horn_probe_n=0"], "--horn_probe_n=0: expected >= 1"),
+    (["--horn_early_frac=0"], "--horn_early_frac=0.0: expected a fraction of training in (0, 1]"),
+    (["--escape_thr=0.9", "--stop_thr=0.5"], "--stop_thr=0.5: expected a value in [--escape_thr=0.9, 1]"),
+    (["--eval_n=0"], "--eval_n=0: expected >= 1"),
+    (["--sweep_lrs=1e-3,1e-2"], "--sweep_lrs=1e-3,1e-2: expected one learning rate"),
+])
+def test_bad_flags_name_themselves(parse, args, message):
+    with pytest.raises(ConfigError) as e:
+        parse(*args)
+    assert message in str(e.value)
+
+
+def test_a_bad_regime_names_itself(parse):
+    with pytest.raises(flags.IllegalFlagValueError, match="horn_regime"):
+        parse("--horn_regime=icl")
+    with pytest.raises(ConfigError, match=r"--horn_regime='icl': expected one of \('retrieval', 'lengen'\)"):
+        dataclasses.replace(tiny_cfg(), horn=horn.HornCfg(regime="icl")).validate()
+
+
+def test_flags_build_the_sweep(parse):
+    cfg = parse("--offsets=-2,0,1", "--seeds=2", "--seed=3")
+    assert [(r.offset, r.seed) for r in cfg.replicas] == [(-2, 3), (-2, 4), (0, 3), (0, 4), (1, 3), (1, 4)]
+    assert cfg.escape_thr is None and cfg.stop_thr is None and cfg.lengen_ks == () and cfg.probe_pool == 4
+    assert cfg.horn.batch == 4 and cfg.horn.k_upper == 4 and cfg.eval_sets["no_oracle"] == ("no_oracle", 4, 4, 1024)
+    lengen = parse("--horn_regime=lengen", "--horn_K=8")
+    assert lengen.lengen_ks == (1, 2, 4, 8) and lengen.probe_pool is None  # SPEC 4.5's sizes up to K
+    assert parse("--preset=p1_horn_llama", "--n_heads=4", "--offsets=0").model.block == "llama"
+    assert parse("--opt_name=muon", "--opt_muon_adam_lr=2e-3").optim.muon_adam_lr == 2e-3
+    assert parse("--escape_thr=0.5", "--stop_thr=0.9").stop == sweep.StopRule("accuracy", 0.5, 0.9)
+
+
+CHECK_FLAG_FILES = """
+import sys
+from absl import flags
+import ssmgate.main as main
+for path in sys.argv[1:]:
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["ssmgate.main", "--flagfile=" + path, "--dry_run"])
+    print("=== " + path, flush=True)
+    main.main(["ssmgate.main"])
+"""
+
+
+def test_every_flag_file_dry_runs():
+    files = sorted((REPO / "experiments" / "p1").rglob("horn_*.flags"))
+    assert len(files) == 9  # (retrieval, lengen, transformer) x (paper, cpu, quick)
+    for f in files:
+        text = f.read_text()
+        assert text.startswith("# P1 Figure 3") and "ESTIMATE" not in text and "--program=p1_horn" in text, f
+        assert "--opt_name=muon" in text and "--lr=1e-3" in text and "--opt_final_lr_frac=0.0" in text, f
+    res = subprocess.run([sys.executable, "-c", CHECK_FLAG_FILES, *map(str, files)], cwd=REPO, capture_output=True,
+                         text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    parts = dict(p.split("\n", 1) for p in res.stdout.split("=== ")[1:])
+    assert len(parts) == 9
+    paper = parts[str(REPO / "experiments/p1/horn_retrieval.flags")]
+    assert "replicas (21, one vmapped sweep): offsets -7.3, -3, -0.2, 1.6, 2.3, 2.9, 4.3 x seeds 0..2" in paper
+    assert "K = 128 clauses per layer" in paper and "total_steps=300000" in paper and "warmup_steps=30000" in paper
+    assert "eval no_oracle (no_oracle pools, k = 32)" in paper and "total          105,205,952" in paper
+    lengen = parts[str(REPO / "experiments/p1/horn_lengen.flags")]
+    assert "length generalisation k = 128: 2579 tokens" in lengen and "total_steps=200000" in lengen
+    assert "total           50,652,160" in parts[str(REPO / "experiments/p1/horn_transformer.flags")]
+    cpu = parts[str(REPO / "experiments/p1/cpu/horn_retrieval.flags")]
+    assert "offsets -6, 3" in cpu and "props_per_set=16, K=16" in cpu and "k_max=8" in cpu and "d_model=64" in cpu
+    assert "total_steps=2000" in cpu and "name='muon', lr=0.001" in cpu and "n_layers=2" in cpu
+    assert "length generalisation k = 16: 339 tokens" in parts[str(REPO / "experiments/p1/cpu/horn_lengen.flags")]
+    assert "offsets 0 x seeds" in parts[str(REPO / "experiments/p1/quick/horn_transformer.flags")]
+
+
+# --- report ------------------------------------------------------------------------------------------------
+
+def _curve(offset, seed, no, rn):
+    steps = [100 * (i + 1) for i in range(10)]
+    return {"label": f"seed={seed} offset={offset:g}", "offset": offset, "seed": seed, "step": steps,
+            "first_turn": [min(1.0, 0.1 * i) for i in range(10)], "no_oracle": [no] * 10, "random_oracle_name": [rn] * 10}
+
+
+def retrieval_summary(no=None, rn=None, no_final=None, rn_final=None):
+    no = no or {"-6": 0.2, "3": 0.7}
+    rn = rn or {"-6": 0.5, "3": 0.1}
+    no_final, rn_final = no_final or no, rn_final or rn
+    curves = [_curve(float(o), s, no[o], rn[o]) for o in no for s in (0, 1)]
+    first = {o: 0.5 for o in no}
+    return {"horn": {"k_max": 8}, "probe_k": 8, "curves": curves, "early_step": 200, "final_step": 1000,
+            "early": {"first_turn": first, "no_oracle": no, "random_oracle_name": rn},
+            "final": {"first_turn": first, "no_oracle": no_final, "random_oracle_name": rn_final}}
+
+
+def _lengen_acc(at_16: dict, seeds=2) -> dict:
+    return {o: {str(k): t_interval([v - 0.02, v + 0.02][:seeds] if k == 16 else [1.0] * seeds)
+                for k in (1, 2, 4, 8, 16)} for o, v in at_16.items()}
+
+
+def lengen_summary(at_16=None, after=None):
+    at_16 = at_16 or {"-6": 0.3, "3": 0.9}
+    after = after or {"-6": 900.0, "3": 0.3}
+    acc = _lengen_acc(at_16)
+    before = {"-6": 1200.0, "3": 0.25}
+    t1 = {o: {"median_tau_before": before[o], "median_tau_after": after[o], "median_abs_dalpha": 1e-3} for o in at_16}
+    return {"horn": {"k_max": 8}, "lengen_accuracy": acc, "table1": t1, "table1_token": t1}
+
+
+def runs(transformer=0.2, **kw):
+    return {"horn_retrieval": retrieval_summary(**{k: v for k, v in kw.items() if k in ("no", "rn", "no_final",
+                                                                                        "rn_final")}),
+            "horn_lengen": lengen_summary(**{k: v for k, v in kw.items() if k in ("at_16", "after")}),
+            "horn_transformer": {"lengen_accuracy": _lengen_acc({"0": transformer})}}
+
+
+ALL_CHECKS = ["rand_name_gap_early_ge_0.1", "no_oracle_strong_ge_weak_early", "rand_name_gap_final_ge_0.1",
+              "no_oracle_strong_ge_weak_final", "lengen_strongest_best_at_largest_k",
+              "lengen_strongest_beats_transformer_at_largest_k", "table1_tau_order_preserved"]
+
+
+def test_report_entry_checks_and_figures(tmp_path):
+    entry, text = report.build(runs(), "cpu", {"horn_retrieval": ["horn_K: 128 -> 16"]}, {"horn_retrieval": 12.0},
+                               tmp_path / "figures", tmp_path)
+    assert entry["no_oracle"] == {"-6": {"early": 0.2, "final": 0.2}, "3": {"early": 0.7, "final": 0.7}}
+    assert entry["random_oracle_name"]["-6"] == {"early": 0.5, "final": 0.5} and entry["early_step"] == 200
+    assert list(entry["lengen_accuracy"]) == ["-6", "3"] and entry["lengen_accuracy"]["3"]["16"] == pytest.approx(0.9)
+    assert entry["transformer_lengen_accuracy"]["16"] == pytest.approx(0.2)
+    assert entry["table1"]["-6"] == {"median_tau_before": 1200.0, "median_tau_after": 900.0, "median_abs_dalpha": 1e-3}
+    assert entry["checks"] == {c: True for c in ALL_CHECKS}
+    for name in ("p1_horn_fig3b.png", "p1_horn_fig3c.png", "p1_horn_fig3d.png"):
+        assert (tmp_path / "figures" / name).stat().st_size > 10_000
+        assert f"figures/{name}" in text
+    # Table 1 beside the paper: delta -6 sits in the -7.3 column (2.1e4 -> 1.2e4), +3 in the 2.9 one (0.8 -> 0.7).
+    assert "| -6 | -7.3 | 2.1e+04 | 1200 | 1.2e+04 | 900 |" in text and "| 3 | 2.9 | 0.8 | 0.25 | 0.7 | 0.3 |" in text
+    assert "| Transformer |" in text and "horn_K: 128 -> 16" in text
+
+
+@pytest.mark.parametrize("kw, failing", [
+    (dict(rn={"-6": 0.15, "3": 0.1}, rn_final={"-6": 0.5, "3": 0.1}), ["rand_name_gap_early_ge_0.1"]),
+    (dict(no={"-6": 0.9, "3": 0.8}, no_final={"-6": 0.2, "3": 0.7}), ["no_oracle_strong_ge_weak_early"]),
+    (dict(rn_final={"-6": 0.3, "3": 0.3}), ["rand_name_gap_final_ge_0.1"]),
+    (dict(no_final={"-6": 0.5, "3": 0.4}), ["no_oracle_strong_ge_weak_final"]),
+    (dict(at_16={"-6": 0.5, "3": 0.4}), ["lengen_strongest_best_at_largest_k"]),
+    (dict(transformer=0.95), ["lengen_strongest_beats_transformer_at_largest_k"]),
+    (dict(after={"-6": 0.2, "3": 0.3}), ["table1_tau_order_preserved"]),
+])
+def test_each_check_can_fail(kw, failing):
+    entry = report.collect(runs(**kw))
+    assert [k for k, v in report.checks(entry).items() if not v] == failing
+
+
+def test_registered_in_make_reproduce():
+    from ssmgate import reproduce
+    assert reproduce.EXPERIMENTS["p1_horn"] == ("p1", report.RUNS, report)
+    for scale in ("quick", "cpu"):
+        for run in report.RUNS:
+            changes = reproduce.changes_from_paper("p1", run, scale)
+            assert "horn_K: 128 -> 16" in changes and "batch: 128 -> 32" in changes, (scale, run)
+    assert "steps: 300000 -> 2000" in reproduce.changes_from_paper("p1", "horn_retrieval", "cpu")
+
+
+def test_report_with_only_the_retrieval_run(tmp_path):
+    entry, text = report.build({"horn_retrieval": retrieval_summary()}, "quick", {}, {}, tmp_path / "figures", tmp_path)
+    assert "lengen_accuracy" not in entry and "table1" not in entry
+    assert set(entry["checks"]) == set(ALL_CHECKS[:4])
+    assert "horn_lengen, horn_transformer" in text and not (tmp_path / "figures" / "p1_horn_fig3d.png").exists()
