@@ -181,7 +181,9 @@ def train_model(cfg: StateTrackingCfg, name: str, run_dir: RunDir, mesh) -> dict
 
 
 def describe(cfg: StateTrackingCfg) -> str:
-    lines = [f"task: {cfg.data}", f"optimizer: {cfg.optim}", f"loop: {cfg.loop}",
+    padding = (f"multiples of {cfg.len_quantum} holding L_max(step)" if cfg.len_quantum else f"{cfg.data.max_len}")
+    lines = [f"task: {cfg.data}", f"training batches padded to {padding}", f"optimizer: {cfg.optim}",
+             f"loop: {cfg.loop}",
              f"learning rates: {', '.join(f'{lr:g}' for lr in cfg.lrs)} x {cfg.seeds} seed(s)",
              f"validation {cfg.val_n}, test {cfg.test_n} sequences at lengths {eval_lengths(cfg.task, cfg.test_lens)}"]
     for name in cfg.models:
