@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ssmgate.plotting import pyplot
-from ssmgate.programs.p1_kv_report import offset_colors, offset_keys
+from ssmgate.programs.p1_kv_report import draw_lengen_bands, offset_colors, offset_keys
 from ssmgate.programs.report_format import cell, table
 
 RUNS = ("horn_retrieval", "horn_lengen", "horn_transformer")
@@ -143,21 +143,7 @@ def plot_lengen(lengen: dict | None, transformer: dict | None, path: Path) -> Pa
         return None
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    acc = lengen["lengen_accuracy"]
-    keys = offset_keys(acc)
-    colors = offset_colors(keys)
-
-    def band(cells, color, label, ls="-"):
-        ks = sorted(cells, key=int)
-        x = [int(k) for k in ks]
-        ax.plot(x, [cells[k]["mean"] for k in ks], ls, color=color, marker="o", ms=3, label=label)
-        ax.fill_between(x, [cells[k]["ci95_lo"] for k in ks], [cells[k]["ci95_hi"] for k in ks], color=color, alpha=0.2)
-
-    for o in keys:
-        band(acc[o], colors[o], f"Mamba-2, δ = {o}")
-    if transformer and transformer.get("lengen_accuracy"):
-        (cells,) = transformer["lengen_accuracy"].values()
-        band(cells, "k", "Transformer", ls="--")
+    draw_lengen_bands(ax, lengen["lengen_accuracy"], transformer)
     k_max = lengen["horn"]["k_max"]
     ax.axvline(k_max, color="grey", lw=1, ls="--", label=f"training limit k = {k_max}")
     ax.set_xscale("log", base=2)

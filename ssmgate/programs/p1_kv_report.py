@@ -160,27 +160,32 @@ def plot_escape(run: dict, path: Path) -> Path:
     return path
 
 
+def draw_lengen_bands(ax, acc: dict, transformer: dict | None) -> None:
+    """Mean accuracy vs context size with its 95% CI band per offset ({offset: {size: {mean, ci95_lo,
+    ci95_hi}}}), and the Transformer's run (offset 0) dashed in black when given."""
+    def band(cells, color, label, ls="-"):
+        sizes = sorted(cells, key=int)
+        x = [int(n) for n in sizes]
+        ax.plot(x, [cells[n]["mean"] for n in sizes], ls, color=color, marker="o", ms=3, label=label)
+        ax.fill_between(x, [cells[n]["ci95_lo"] for n in sizes], [cells[n]["ci95_hi"] for n in sizes],
+                        color=color, alpha=0.2)
+
+    keys = offset_keys(acc)
+    colors = offset_colors(keys)
+    for o in keys:
+        band(acc[o], colors[o], f"Mamba-2, δ = {o}")
+    if transformer and transformer.get("lengen_accuracy"):
+        (cells,) = transformer["lengen_accuracy"].values()
+        band(cells, "k", "Transformer", ls="--")
+
+
 def plot_lengen(last: dict | None, transformer: dict | None, path: Path) -> Path | None:
     """Fig 2c: mean sequence accuracy vs pairs n with 95% CI bands per offset, the Transformer dashed."""
     if not last or not last.get("lengen_accuracy"):
         return None
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    acc = last["lengen_accuracy"]
-    keys = offset_keys(acc)
-    colors = offset_colors(keys)
-
-    def band(cells, color, label, ls="-"):
-        ns = sorted(cells, key=int)
-        x = [int(n) for n in ns]
-        ax.plot(x, [cells[n]["mean"] for n in ns], ls, color=color, marker="o", ms=3, label=label)
-        ax.fill_between(x, [cells[n]["ci95_lo"] for n in ns], [cells[n]["ci95_hi"] for n in ns], color=color, alpha=0.2)
-
-    for o in keys:
-        band(acc[o], colors[o], f"Mamba-2, δ = {o}")
-    if transformer and transformer.get("lengen_accuracy"):
-        (cells,) = transformer["lengen_accuracy"].values()
-        band(cells, "k", "Transformer", ls="--")
+    draw_lengen_bands(ax, last["lengen_accuracy"], transformer)
     ax.axvline(last["kv"]["n_max"], color="grey", lw=0.8, ls=":", label=f"training N = {last['kv']['n_max']}")
     ax.set(xlabel="pairs n in the context", ylabel="sequence accuracy", ylim=(-0.02, 1.02),
            title="Fig 2c: best-last length generalisation (mean, 95% CI over seeds)")
