@@ -40,7 +40,8 @@ bench-docs: venv
 reproduce: venv
 	$(PY) -m ssmgate.reproduce --scale=$(SCALE) --only=$(ONLY) --out_dir=runs/reproduce
 
-# Regenerates the committed cpu-scale report in docs/reproduction/ (on purpose, about 15 minutes).
+# Regenerates the committed cpu-scale report in docs/reproduction/ (on purpose; ONLY=p1_fig1, the committed one,
+# takes about 15 minutes; the other experiments' cpu scales take hours and are not calibrated yet).
 reproduce-docs: venv
 	$(PY) -m ssmgate.reproduce --scale=cpu --only=$(ONLY) --out_dir=runs/reproduce-cpu --docs_dir=docs/reproduction
 
