@@ -16,8 +16,6 @@ from ssmgate.programs import p1_horn
 from ssmgate.programs import p1_kv_flags  # defines --offsets, --eval_n, --lengen_eval_n
 from ssmgate.programs import train_lm_flags  # defines --escape_thr, --stop_thr
 from ssmgate.programs import training_flags as tf
-from ssmgate.programs.config_error import ConfigError
-from ssmgate.programs.grids import parse_grid
 from ssmgate.tasks import horn
 
 flags.DEFINE_enum("horn_regime", "retrieval", list(horn.REGIMES), "Horn task: training regime, in-context "
@@ -50,14 +48,7 @@ PROGRAM = "p1_horn"
 
 def config_from_flags() -> p1_horn.HornRunCfg:
     steps, batch = tf.require("steps", PROGRAM), tf.require("batch", PROGRAM)
-    lrs = tf.learning_rates(FLAGS.lr)
-    if len(lrs) != 1:
-        raise ConfigError(f"--sweep_lrs={FLAGS.sweep_lrs}: expected one learning rate for --program={PROGRAM} "
-                          "(the sweep is offsets x seeds)")
-    try:
-        offsets = parse_grid("offsets", FLAGS.offsets)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    lr, offsets = p1_kv_flags.lr_and_offsets(PROGRAM)
     task = horn.HornCfg(regime=FLAGS.horn_regime, props_per_set=FLAGS.horn_props_per_set, K=FLAGS.horn_K,
                         graph_seed=FLAGS.horn_graph_seed, k_min=FLAGS.horn_k_min, k_max=FLAGS.horn_k_max,
                         q_fresh=FLAGS.horn_q_fresh, beta=FLAGS.horn_beta, turns=FLAGS.horn_turns, batch=batch,
@@ -67,8 +58,8 @@ def config_from_flags() -> p1_horn.HornRunCfg:
         lengen_ks = tuple(k for k in horn.LENGEN_KS if k <= FLAGS.horn_K)
     model = tf.model_cfg()  # validated; a bad model flag names itself
     cfg = p1_horn.HornRunCfg(
-        horn=task, model=model, optim=tf.optim_cfg(lrs[0], steps), loop=tf.loop_cfg(steps, name=PROGRAM),
-        mesh=tf.mesh_cfg(), lr=lrs[0], offsets=tuple(offsets), seeds=FLAGS.seeds, seed=FLAGS.seed,
+        horn=task, model=model, optim=tf.optim_cfg(lr, steps), loop=tf.loop_cfg(steps, name=PROGRAM),
+        mesh=tf.mesh_cfg(), lr=lr, offsets=tuple(offsets), seeds=FLAGS.seeds, seed=FLAGS.seed,
         eval_n=FLAGS.eval_n, probe_n=FLAGS.horn_probe_n, probe_k=FLAGS.horn_probe_k, lengen_ks=lengen_ks,
         lengen_eval_n=FLAGS.lengen_eval_n, early_frac=FLAGS.horn_early_frac, gate_prompts=FLAGS.horn_gate_prompts,
         escape_thr=train_lm_flags.FLAGS.escape_thr, stop_thr=train_lm_flags.FLAGS.stop_thr, preset=FLAGS.preset)

@@ -34,7 +34,7 @@ import numpy as np
 
 from ssmgate.plotting import pyplot
 from ssmgate.programs.p1_kv_report import draw_lengen_bands, offset_colors, offset_keys
-from ssmgate.programs.report_format import cell, table
+from ssmgate.programs.report_format import cell, report_tail, table
 
 RUNS = ("horn_retrieval", "horn_lengen", "horn_transformer")
 PROBES = {"no_oracle": "no-oracle (memorisation probe)", "random_oracle_name": "random oracle name (retrieval probe)"}
@@ -254,12 +254,5 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
                "|Δα| (medians over seeds); the token-averaged columns use the mean Δ_t over the valid tokens of "
                "fixed first-turn prompts instead of softplus(dt_bias) (SPEC 2.5 [REC]). Each offset is set beside the "
                "paper column of the nearest inferred δ.", "", _table1(entry)]
-    if entry["checks"]:
-        md += ["Checks:", "", table(["check", "pass"], [[k, v] for k, v in entry["checks"].items()])]
-    missing = [r for r in RUNS if r not in runs]
-    if missing:
-        md += [f"Runs without a summary (failed or not run): {', '.join(missing)}.", ""]
-    changed = [f"- {run}: " + "; ".join(c) for run, c in changes.items() if c]
-    if changed:
-        md += ["What this scale changes from the paper's flag files:", "", *changed, ""]
+    md += report_tail(entry["checks"], [r for r in RUNS if r not in runs], changes)
     return entry, "\n".join(md) + "\n"

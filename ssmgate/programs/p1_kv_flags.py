@@ -55,22 +55,27 @@ def _or(value, default):
     return default if value is None else value
 
 
-def config_from_flags() -> p1_kv.KVRunCfg:
-    steps, batch = tf.require("steps", PROGRAM), tf.require("batch", PROGRAM)
+def lr_and_offsets(program: str) -> tuple[float, tuple]:
+    """The one peak learning rate and the --offsets grid of a gate-offset sweep (offsets x seeds)."""
     lrs = tf.learning_rates(FLAGS.lr)
     if len(lrs) != 1:
-        raise ConfigError(f"--sweep_lrs={FLAGS.sweep_lrs}: expected one learning rate for --program={PROGRAM} "
+        raise ConfigError(f"--sweep_lrs={FLAGS.sweep_lrs}: expected one learning rate for --program={program} "
                           "(the sweep is offsets x seeds)")
     try:
-        offsets = parse_grid("offsets", FLAGS.offsets)
+        return lrs[0], parse_grid("offsets", FLAGS.offsets)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def config_from_flags() -> p1_kv.KVRunCfg:
+    steps, batch = tf.require("steps", PROGRAM), tf.require("batch", PROGRAM)
+    lr, offsets = lr_and_offsets(PROGRAM)
     task = kv.KVCfg(n_content=FLAGS.kv_vocab, m=FLAGS.kv_m, dict_size=FLAGS.kv_dict_size, n_max=FLAGS.kv_n_max,
                     eps=FLAGS.kv_eps, q=FLAGS.kv_q, query=FLAGS.kv_query, batch=batch, dict_seed=FLAGS.kv_dict_seed)
     model = tf.model_cfg()  # validated; a bad model flag names itself
     cfg = p1_kv.KVRunCfg(
-        kv=task, model=model, optim=tf.optim_cfg(lrs[0], steps), loop=tf.loop_cfg(steps, name=PROGRAM),
-        mesh=tf.mesh_cfg(), lr=lrs[0], offsets=tuple(offsets), seeds=FLAGS.seeds, seed=FLAGS.seed,
+        kv=task, model=model, optim=tf.optim_cfg(lr, steps), loop=tf.loop_cfg(steps, name=PROGRAM),
+        mesh=tf.mesh_cfg(), lr=lr, offsets=tuple(offsets), seeds=FLAGS.seeds, seed=FLAGS.seed,
         n_buckets=FLAGS.kv_buckets, eval_n=FLAGS.eval_n, lengen_ns=int_list("lengen_ns", FLAGS.lengen_ns),
         lengen_eval_n=FLAGS.lengen_eval_n,
         escape_thr=_or(train_lm_flags.FLAGS.escape_thr, ESCAPE_THR), stop_thr=_or(train_lm_flags.FLAGS.stop_thr, STOP_THR),

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ssmgate.plotting import pyplot
-from ssmgate.programs.report_format import cell, table
+from ssmgate.programs.report_format import cell, report_tail, table
 
 RUNS = ("kv_best_first", "kv_best_last", "kv_transformer")
 PAPER = {"plateau": 0.43, "r2": 0.816, "offset_plus1_at_2048": 0.35}  # SPEC 3.4
@@ -268,12 +268,5 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
         md += ["### Fig 2c: length generalisation (best-last, trained at N = "
                f"{last['kv']['n_max']})", "", "![Fig 2c](figures/p1_kv_fig2c.png)", "",
                "Mean sequence accuracy over seeds [95% t-interval]:", "", _lengen_table(last, tr)]
-    if entry["checks"]:
-        md += ["Checks:", "", table(["check", "pass"], [[k, v] for k, v in entry["checks"].items()])]
-    missing = [r for r in RUNS if r not in runs]
-    if missing:
-        md += [f"Runs without a summary (failed or not run): {', '.join(missing)}.", ""]
-    changed = [f"- {run}: " + "; ".join(c) for run, c in changes.items() if c]
-    if changed:
-        md += ["What this scale changes from the paper's flag files:", "", *changed, ""]
+    md += report_tail(entry["checks"], [r for r in RUNS if r not in runs], changes)
     return entry, "\n".join(md) + "\n"

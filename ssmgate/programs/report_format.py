@@ -23,3 +23,17 @@ def table(header, rows) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell(v) if not isinstance(v, str) else v for v in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def report_tail(checks: dict, missing, changes: dict) -> list[str]:
+    """The closing lines of a report section: its checks, the runs without a summary and, per run,
+    what this scale changes from the paper's flag files."""
+    md = []
+    if checks:
+        md += ["Checks:", "", table(["check", "pass"], [[k, v] for k, v in checks.items()])]
+    if missing:
+        md += [f"Runs without a summary (failed or not run): {', '.join(missing)}.", ""]
+    changed = [f"- {run}: " + "; ".join(c) for run, c in changes.items() if c]
+    if changed:
+        md += ["What this scale changes from the paper's flag files:", "", *changed, ""]
+    return md
