@@ -26,7 +26,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "runs/bench/cores.json", "Where to write the JSON results.")
 flags.DEFINE_list("shape", ["2", "2048", "8", "64", "64", "1", "16"], "b,t,h,p,n,g,r of the benchmark inputs.")
 flags.DEFINE_list("core", ["scalar_decay", "rotation", "damped"], "Cores to benchmark.")
-flags.DEFINE_list("chunk_sizes", ["32", "64", "128"], "Chunk sizes tried for the chunked algorithm.")
+flags.DEFINE_list("chunk_sizes", ["16", "32", "64", "128"], "Chunk sizes tried for the chunked algorithm.")
 flags.DEFINE_integer("reps", 5, "Timed repetitions per row (the minimum is reported).", lower_bound=1)
 flags.DEFINE_float("max_seconds", 20.0, "Stop repeating a row once this much time was spent on it.", lower_bound=0.0)
 flags.DEFINE_bool("write_auto_table", False, "Measure the auto size classes and write the auto table.")
@@ -39,6 +39,10 @@ ALGORITHMS = {"scalar_decay": ("sequential", "associative", "chunked"),
               "damped": ("sequential", "associative")}
 # Size classes of the auto table: (max_t, the t measured for it); None = no upper bound.
 AUTO_CLASSES = ((32, 32), (256, 256), (1024, 1024), (None, 2048))
+# Width classes: (max per-head state size p·n, the (b, h, p, n) measured for it); None = no upper
+# bound, measured at the benchmark's --shape. The narrow class is the state of the P1 CPU-scale
+# models (4 heads x 16 x 16, batch 32), whose best chunk differs from a 64 x 64 state's.
+AUTO_WIDTHS = ((512, (32, 4, 16, 16)), (None, None))
 
 
 def make_inputs(core: str, b: int, t: int, h: int, p: int, n: int, g: int, r: int, seed: int = 0) -> dict:
@@ -172,7 +176,7 @@ def bench_core(core: str, shape: tuple, peak: float, chunk_sizes, reps, max_seco
 
 def _auto_flops(core, shape) -> dict:
     """FLOPs of what `auto` runs at this size: its forward choice; its training choice, x 3."""
-    (f_alg, f_chunk), (t_alg, t_chunk) = auto.choose(core, shape[1])
+    (f_alg, f_chunk), (t_alg, t_chunk) = auto.choose(core, shape[1], shape[3] * shape[4])
     return {"fwd": flop_count(core, f_alg, f_chunk, *shape), "fwd+bwd": 3 * flop_count(core, t_alg, t_chunk, *shape)}
 
 
@@ -203,15 +207,18 @@ def markdown_tables(result: dict) -> str:
     if measured:
         when = "measured by this run" if "auto_table" in result else \
             "in use: ssmgate/cores/auto_table.json, measured by an earlier `--write_auto_table` run"
-        lines += ["", f"`auto` table ({when}): fastest forward and fastest forward+backward per size class; "
-                  "b, h, p, n, g, r as above; timings in ms, forward | forward+backward:", "",
-                  "| core | t ≤ | measured t | forward | forward+backward | all timings |", "|---|---|---|---|---|---|"]
+        lines += ["", f"`auto` table ({when}): fastest forward and fastest forward+backward per width class "
+                  "(per-head state p·n) and size class (t); g, r as above; timings in ms, forward | forward+backward:",
+                  "", "| core | p·n ≤ | t ≤ | measured b, h, p, n, t | forward | forward+backward | all timings |",
+                  "|---|---|---|---|---|---|---|"]
         for core, classes in measured.items():
             for c in classes:
                 timings = ", ".join(f"{e['algorithm']}{'/' + str(e['chunk_size']) if e['chunk_size'] else ''} "
                                     f"{e['fwd_seconds'] * 1e3:.1f} \\| {e['train_seconds'] * 1e3:.1f}"
                                     for e in c["timings"])
-                lines.append(f"| {core} | {c['max_t'] or '∞'} | {c['measured_t']} | {_choice(c['forward'])} | "
+                ms = c.get("measured_shape") or sh
+                lines.append(f"| {core} | {c.get('max_state') or '∞'} | {c['max_t'] or '∞'} | "
+                             f"{ms['b']}, {ms['h']}, {ms['p']}, {ms['n']}, {c['measured_t']} | {_choice(c['forward'])} | "
                              f"{_choice(c['train'])} | {timings} |")
     return "\n".join(lines)
 
@@ -228,31 +235,38 @@ def update_docs(path: str, block: str, name: str = "cores") -> None:
 
 
 def measure_auto_table(cores, base_shape, chunk_sizes, reps, max_seconds, log=print) -> dict:
-    """Per core and size class, the fastest forward and the fastest forward+backward (algorithm,
-    chunk) on this backend, with every timing behind the choice."""
-    b, _, h, p, n, g, r = base_shape
+    """Per core, width class and size class, the fastest forward and the fastest forward+backward
+    (algorithm, chunk) on this backend, with every timing behind the choice."""
     table = {}
     for core in cores:
         classes = []
-        for max_t, t in AUTO_CLASSES:
-            inputs = make_inputs(core, b, t, h, p, n, g, r)
-            timings = []
-            for algorithm in ALGORITHMS[core]:
-                for chunk in (chunk_sizes if algorithm == "chunked" else [None]):
-                    fn = core_fn(core, algorithm, chunk)
-                    timings.append({"algorithm": algorithm, "chunk_size": chunk,
-                                    "fwd_seconds": time_call(jax.jit(fn), inputs, reps, max_seconds),
-                                    "train_seconds": time_call(forward_backward(fn, inputs), inputs, reps, max_seconds)})
-            entry = {"max_t": max_t, "measured_t": t}
-            for kind in ("fwd", "train"):
-                best = min(timings, key=lambda e: e[f"{kind}_seconds"])
-                entry["forward" if kind == "fwd" else "train"] = {"algorithm": best["algorithm"],
-                                                                   "chunk_size": best["chunk_size"]}
-            entry["timings"] = timings
-            log(f"auto {core:13s} t<={max_t}: forward {_choice(entry['forward'])}, train {_choice(entry['train'])}; "
-                + ", ".join(f"{e['algorithm']}/{e['chunk_size']}={e['fwd_seconds'] * 1e3:.1f}|"
-                            f"{e['train_seconds'] * 1e3:.1f}ms" for e in timings))
-            classes.append(entry)
+        for max_state, measured in AUTO_WIDTHS:
+            b, _, h, p, n, g, r = base_shape
+            if measured is not None:
+                b, h, p, n = measured
+                r = min(r, n // 2)
+            for max_t, t in AUTO_CLASSES:
+                inputs = make_inputs(core, b, t, h, p, n, g, r)
+                timings = []
+                for algorithm in ALGORITHMS[core]:
+                    for chunk in (chunk_sizes if algorithm == "chunked" else [None]):
+                        fn = core_fn(core, algorithm, chunk)
+                        timings.append({"algorithm": algorithm, "chunk_size": chunk,
+                                        "fwd_seconds": time_call(jax.jit(fn), inputs, reps, max_seconds),
+                                        "train_seconds": time_call(forward_backward(fn, inputs), inputs, reps,
+                                                                   max_seconds)})
+                entry = {"max_state": max_state, "max_t": max_t, "measured_t": t,
+                         "measured_shape": {"b": b, "h": h, "p": p, "n": n}}
+                for kind in ("fwd", "train"):
+                    best = min(timings, key=lambda e: e[f"{kind}_seconds"])
+                    entry["forward" if kind == "fwd" else "train"] = {"algorithm": best["algorithm"],
+                                                                       "chunk_size": best["chunk_size"]}
+                entry["timings"] = timings
+                log(f"auto {core:13s} p*n<={max_state} t<={max_t}: forward {_choice(entry['forward'])}, "
+                    f"train {_choice(entry['train'])}; "
+                    + ", ".join(f"{e['algorithm']}/{e['chunk_size']}={e['fwd_seconds'] * 1e3:.1f}|"
+                                f"{e['train_seconds'] * 1e3:.1f}ms" for e in timings))
+                classes.append(entry)
         table[core] = classes
     return table
 

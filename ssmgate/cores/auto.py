@@ -2,8 +2,10 @@
 
 The table `auto_table.json` beside this file is written by `python -m ssmgate.bench cores
 --write_auto_table` on a machine of the backend it describes; nothing here times code at call
-time. A size class is a range of the sequence length t (the axis the algorithms differ on). Each
-class holds two measured choices: `forward`, the fastest forward pass, and `train`, the fastest
+time. A size class is a range of the sequence length t (the axis the algorithms differ on) within a
+width class, a range of the per-head state size p·n: the best chunk depends on both (on CPU a
+16 x 16 state trains fastest with chunks of 16-32 at every length, a 64 x 64 state with 64-128 at
+t >= 1024). Each entry holds two measured choices: `forward`, the fastest forward pass, and `train`, the fastest
 forward+backward. They differ on CPU, where `sequential` is the fastest forward pass and the
 slowest to differentiate. `run_auto` evaluates with the forward choice and, through a custom VJP,
 differentiates with the training choice (whose own forward pass then runs instead), so inference
@@ -45,14 +47,27 @@ def _warn_unmeasured(backend: str, core: str) -> None:
         "to measure it.", stacklevel=4)
 
 
-def choose(core: str, t: int, backend: str | None = None):
-    """Returns ((forward algorithm, chunk), (training algorithm, chunk)) for sequence length t."""
+def _width_key(entry: dict):
+    w = entry.get("max_state")   # absent (a table measured at one width) = no bound
+    return (w is None, w or 0)
+
+
+def choose(core: str, t: int, state_size: int | None = None, backend: str | None = None):
+    """Returns ((forward algorithm, chunk), (training algorithm, chunk)) for sequence length t and
+    per-head state size p·n (None: the widest class)."""
     backend = backend or jax.default_backend()
     classes = load_table().get(backend, {}).get(core)
     if not classes:
         _warn_unmeasured(backend, core)
         return FALLBACK[core]
-    for entry in classes:  # sorted by max_t; the last has max_t = null (no upper bound)
+    widths = sorted({_width_key(c) for c in classes})
+    if not widths[-1][0]:
+        raise ValueError(f"{TABLE_PATH}: the {backend}/{core} width classes end without an open-ended one "
+                         "(max_state null)")
+    width = next(w for w in widths if w[0] or (state_size is not None and state_size <= w[1]))
+    # within the width class, sorted by max_t; the last has max_t = null (no upper bound)
+    for entry in sorted((c for c in classes if _width_key(c) == width),
+                        key=lambda c: (c["max_t"] is None, c["max_t"] or 0)):
         if entry["max_t"] is None or t <= entry["max_t"]:
             fwd, train = entry["forward"], entry["train"]
             return (fwd["algorithm"], fwd["chunk_size"]), (train["algorithm"], train["chunk_size"])
@@ -76,9 +91,10 @@ def _forward_with_training_vjp(forward, train, *args):
     return run(*args)
 
 
-def run_auto(core: str, t: int, chunk_size, run, *args):
-    """run(algorithm, chunk_size, *args) with the measured choices; an explicit chunk_size wins."""
-    (f_alg, f_chunk), (t_alg, t_chunk) = choose(core, t)
+def run_auto(core: str, t: int, chunk_size, run, *args, state_size: int | None = None):
+    """run(algorithm, chunk_size, *args) with the measured choices for length t and per-head state
+    size p·n; an explicit chunk_size wins."""
+    (f_alg, f_chunk), (t_alg, t_chunk) = choose(core, t, state_size)
     forward = functools.partial(run, f_alg, chunk_size or f_chunk)
     train = functools.partial(run, t_alg, chunk_size or t_chunk)
     if (f_alg, chunk_size or f_chunk) == (t_alg, chunk_size or t_chunk):

@@ -231,7 +231,7 @@ def damped(x, dt, a, nu, B, C, D=None, *, regime, overdamped_c=0.9, trap=None, i
     args = [_checks.cast(v, cdt) for v in (x, dt, per_token(a, b, t, h), nu, B, C, trap, D)] + [state0]
     run = functools.partial(_run, regime=regime, c=overdamped_c)
     if algorithm == "auto":
-        y, final = auto.run_auto(CORE, t, None, run, *args)
+        y, final = auto.run_auto(CORE, t, None, run, *args, state_size=p * n)
     else:
         y, final = run(algorithm, None, *args)
     return y.astype(x.dtype), final

@@ -321,7 +321,7 @@ def rotation_mimo(x, dt, A, B, C, theta, D=None, *, trap=None, initial_state=Non
         state0 = MimoState(*(_checks.cast(a, cdt) for a in initial_state))
     args = [_checks.cast(a, cdt) for a in (x, dt, per_token(A, b, t, h), B, C, theta, trap, D)] + [state0]
     if algorithm == "auto" and auto_is_measured():
-        y, final = auto.run_auto(CORE, t, chunk_size, _run, *args)
+        y, final = auto.run_auto(CORE, t, chunk_size, _run, *args, state_size=p * n)
     elif algorithm == "auto":
         y, final = _run("chunked", chunk_size, *args)
     else:

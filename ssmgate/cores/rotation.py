@@ -223,7 +223,7 @@ def rotation(x, dt, A, B, C, theta, D=None, *, trap=None, initial_state=None, al
         state0 = RotationState(*(_checks.cast(a, cdt) for a in initial_state))
     args = [_checks.cast(a, cdt) for a in (x, dt, per_token(A, b, t, h), B, C, theta, trap, D)] + [state0]
     if algorithm == "auto":
-        y, final = auto.run_auto(CORE, t, chunk_size, _run, *args)
+        y, final = auto.run_auto(CORE, t, chunk_size, _run, *args, state_size=p * n)
     else:
         y, final = _run(algorithm, chunk_size, *args)
     return y.astype(x.dtype), final

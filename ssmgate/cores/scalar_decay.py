@@ -97,7 +97,7 @@ def scalar_decay(x, dt, A, B, C, D=None, *, initial_state=None, algorithm="auto"
     h0 = jnp.zeros((b, h, p, n), cdt) if initial_state is None else _checks.cast(initial_state, cdt)
     args = [_checks.cast(a, cdt) for a in (x, dt, per_token(A, b, t, h), B, C, D)] + [h0]
     if algorithm == "auto":
-        y, final = auto.run_auto(CORE, t, chunk_size, _run, *args)
+        y, final = auto.run_auto(CORE, t, chunk_size, _run, *args, state_size=p * n)
     else:
         y, final = _run(algorithm, chunk_size, *args)
     return y.astype(x.dtype), final

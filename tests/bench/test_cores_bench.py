@@ -46,3 +46,29 @@ def test_markdown_and_docs_block(tmp_path):
     doc.write_text("no markers\n")
     with pytest.raises(SystemExit, match="no '<!-- bench:cores -->'"):
         bench.update_docs(str(doc), md)
+
+
+def test_auto_table_measures_every_width_and_length_class(monkeypatch):
+    """One entry per (width class, length class), each at its own measured shape, whose choices are
+    the minima of its timings and which `auto.choose` reads back."""
+    from ssmgate.cores import auto
+    monkeypatch.setattr(bench, "AUTO_CLASSES", ((8, 8), (None, 16)))
+    monkeypatch.setattr(bench, "AUTO_WIDTHS", ((8, (2, 1, 2, 4)), (None, None)))
+    table = bench.measure_auto_table(["scalar_decay"], TINY, [8], reps=1, max_seconds=1.0, log=lambda s: None)
+    entries = table["scalar_decay"]
+    assert [(e["max_state"], e["max_t"]) for e in entries] == [(8, 8), (8, None), (None, 8), (None, None)]
+    assert [e["measured_shape"] for e in entries] == [{"b": 2, "h": 1, "p": 2, "n": 4}] * 2 + \
+        [{"b": 1, "h": 2, "p": 4, "n": 4}] * 2
+    for e in entries:
+        for kind, column in (("forward", "fwd_seconds"), ("train", "train_seconds")):
+            best = min(e["timings"], key=lambda x: x[column])
+            assert e[kind] == {"algorithm": best["algorithm"], "chunk_size": best["chunk_size"]}
+    monkeypatch.setattr(auto, "load_table", lambda: {"cpu": table})
+    want = lambda e: ((e["forward"]["algorithm"], e["forward"]["chunk_size"]),
+                      (e["train"]["algorithm"], e["train"]["chunk_size"]))
+    assert auto.choose("scalar_decay", 5, 8, backend="cpu") == want(entries[0])
+    assert auto.choose("scalar_decay", 9, 16, backend="cpu") == want(entries[3])
+    md = bench.markdown_tables({"device": "cpu:0", "cpu": "test", "cores": 2, "jax": "x", "matmul_peak_flops": 1e9,
+                                "command": "c", "rows": [], "shape": dict(zip("b t h p n g r".split(), TINY)),
+                                "auto_table": table})
+    assert "| scalar_decay | 8 | 8 | 2, 1, 2, 4, 8 |" in md and "| scalar_decay | ∞ | ∞ | 1, 2, 4, 4, 16 |" in md

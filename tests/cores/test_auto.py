@@ -23,9 +23,12 @@ def test_committed_table_is_well_formed():
     for backend, cores in table.items():
         assert set(cores) == set(VALID), backend
         for core, classes in cores.items():
-            bounds = [c["max_t"] for c in classes]
-            assert bounds[-1] is None and all(b is not None for b in bounds[:-1]), (core, bounds)
-            assert bounds[:-1] == sorted(bounds[:-1]), (core, bounds)
+            widths = list(dict.fromkeys(c.get("max_state") for c in classes))  # in table order
+            assert widths[-1] is None and widths[:-1] == sorted(widths[:-1]), (core, widths)
+            for w in widths:
+                bounds = [c["max_t"] for c in classes if c.get("max_state") == w]
+                assert bounds[-1] is None and all(b is not None for b in bounds[:-1]), (core, w, bounds)
+                assert bounds[:-1] == sorted(bounds[:-1]), (core, w, bounds)
             for c in classes:
                 for kind in ("forward", "train"):
                     choice = c[kind]
@@ -52,12 +55,46 @@ def test_table_without_open_class_is_an_error(monkeypatch):
         auto.choose("scalar_decay", 100, backend="cpu")
 
 
+def _entry(max_state, max_t, train_chunk):
+    return {"max_state": max_state, "max_t": max_t, "forward": {"algorithm": "sequential", "chunk_size": None},
+            "train": {"algorithm": "chunked", "chunk_size": train_chunk}}
+
+
+def test_choice_by_width_and_length(monkeypatch):
+    """The narrowest width class holding p·n, then the shortest length class holding t; no state
+    size means the open-ended (widest) class."""
+    table = {"cpu": {"scalar_decay": [_entry(None, 64, 64), _entry(512, None, 32), _entry(512, 64, 16),
+                                      _entry(None, None, 128)]}}
+    monkeypatch.setattr(auto, "load_table", lambda: table)
+    train = lambda t, s: auto.choose("scalar_decay", t, s, backend="cpu")[1][1]
+    assert [train(10, 256), train(100, 256), train(10, 512), train(10, 513), train(100, 4096)] == [16, 32, 16, 64, 128]
+    assert train(10, None) == 64
+
+
+def test_table_without_open_width_class_is_an_error(monkeypatch):
+    monkeypatch.setattr(auto, "load_table", lambda: {"cpu": {"scalar_decay": [_entry(512, None, 32)]}})
+    with pytest.raises(ValueError, match="max_state null"):
+        auto.choose("scalar_decay", 100, 256, backend="cpu")
+
+
+def test_cores_pass_their_state_size(monkeypatch, rng):
+    """scalar_decay's auto asks for its per-head p·n."""
+    seen = []
+    real = auto.choose
+    monkeypatch.setattr(auto, "choose", lambda c, t, state_size=None, backend=None:
+                        seen.append((c, t, state_size)) or real(c, t, state_size, backend))
+    case = checks.GRAD_CASE
+    inp, _ = checks.grad_inputs("scalar_decay", case, None, rng)
+    cm.call_core("scalar_decay", inp, algorithm="auto")
+    assert seen == [("scalar_decay", case.t, case.p * case.n)]
+
+
 @pytest.mark.parametrize("core", ["scalar_decay", "rotation"])
 def test_forward_and_training_choices_dispatch(core, monkeypatch, rng):
     """forward = sequential, train = chunked: y is bit-identical to sequential's, the gradients to
     chunked's (and so within GRAD_TOL of sequential's, checked in the algorithm tests)."""
     case = checks.GRAD_CASE
-    monkeypatch.setattr(auto, "choose", lambda c, t, backend=None: (("sequential", None), ("chunked", case.chunk)))
+    monkeypatch.setattr(auto, "choose", lambda c, t, state_size=None, backend=None: (("sequential", None), ("chunked", case.chunk)))
     inp, proj = checks.grad_inputs(core, case, None, rng)
     y_auto, _ = jax.jit(functools.partial(cm.call_core, core, algorithm="auto"))(inp)
     y_seq, _ = cm.run(core, inp, "sequential")
