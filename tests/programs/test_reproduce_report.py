@@ -1,0 +1,33 @@
+"""reproduce.write_report: a partial invocation (--only) keeps the other experiments' sections and
+summary entries from the earlier report at the same scale, in the registry's order."""
+import json
+
+from ssmgate import reproduce
+from ssmgate.train.run_dir import RunDir
+
+
+def _write(where, fresh, scale="cpu", failed=()):
+    summary = {name: {"value": name} for name in fresh}
+    return reproduce.write_report(where, "# header\n", fresh, summary, list(failed), scale)
+
+
+def test_partial_invocation_keeps_earlier_experiments(tmp_path):
+    where = RunDir(str(tmp_path))
+    _write(where, {"p1_kv": "## KV\nold kv\n", "p1_fig1": "## Fig 1\nfig1 text\n"})
+    text, summary = _write(where, {"p1_kv": "## KV\nnew kv\n"}, failed=["p1_kv/kv_best_last"])
+    assert text.index("## Fig 1") < text.index("## KV")          # registry order, not invocation order
+    assert "new kv" in text and "old kv" not in text and "fig1 text" in text
+    assert reproduce.earlier_sections(text) == {"p1_fig1": "## Fig 1\nfig1 text", "p1_kv": "## KV\nnew kv"}
+    written = json.loads(where.file("summary.json").read_text())
+    assert written == summary
+    assert written["failed_runs"] == ["p1_kv/kv_best_last"] and written["p1_fig1"] == {"value": "p1_fig1"}
+
+
+def test_other_scale_or_unmarked_report_is_not_kept(tmp_path):
+    where = RunDir(str(tmp_path))
+    _write(where, {"p1_fig1": "## Fig 1\n"}, scale="quick")
+    text, summary = _write(where, {"p1_kv": "## KV\n"}, scale="cpu")
+    assert "Fig 1" not in text and "p1_fig1" not in summary
+    where.write_text("report.md", "# an old report without markers\n## Fig 1\n")
+    text, _ = _write(where, {"p1_kv": "## KV\n"}, scale="cpu")
+    assert "Fig 1" not in text
