@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from ssmgate.models.attention import KVCache
 from ssmgate.models.config import ModelCfg
+from ssmgate.models.hooks import PhaseHooks
 from ssmgate.models.layers import RMSNorm
 from ssmgate.models.mamba2 import Mamba2Mixer
 from ssmgate.models.mamba3 import Mamba3Mixer
@@ -49,11 +50,13 @@ def mixer_class(block: str):
 class MixerBlock(nn.Module):
     """x + mixer(RMS x), then, with an MLP, + mlp(RMS .)."""
     cfg: ModelCfg
+    hooks: Optional[PhaseHooks] = None   # Mamba-3 forward-time interventions of this layer
 
     @nn.compact
     def __call__(self, x_btd, cache=None):
         cfg = self.cfg
-        mixed_btd, cache = mixer_class(cfg.block)(cfg, name="mixer")(
+        extra = {} if self.hooks is None else {"hooks": self.hooks}
+        mixed_btd, cache = mixer_class(cfg.block)(cfg, name="mixer", **extra)(
             RMSNorm(cfg.norm_eps, compute_dtype(cfg), name="norm")(x_btd), cache)
         x_btd = x_btd + mixed_btd.astype(x_btd.dtype)
         if cfg.mlp != "none":
@@ -68,6 +71,9 @@ def block_class(block: str):
 
 class LanguageModel(nn.Module):
     cfg: ModelCfg
+    # Per-layer forward-time interventions (Mamba-3 only; ssmgate.interventions builds them):
+    # None, or one PhaseHooks-or-None per layer.
+    hooks: Optional[tuple] = None
 
     @nn.compact
     def __call__(self, tokens_bt, cache: Optional[list] = None):
@@ -77,12 +83,17 @@ class LanguageModel(nn.Module):
                              f"expected integer (batch, time)")
         if cache is not None and len(cache) != cfg.n_layers:
             raise ValueError(f"LanguageModel: cache has {len(cache)} entries; expected one per layer ({cfg.n_layers})")
+        if self.hooks is not None and (len(self.hooks) != cfg.n_layers or
+                                       (cfg.block != "mamba3" and any(h is not None for h in self.hooks))):
+            raise ValueError(f"LanguageModel: hooks for {len(self.hooks)} layers of block {cfg.block!r}; expected "
+                             f"one entry per layer ({cfg.n_layers}), and interventions on 'mamba3' blocks only")
         embed = nn.Embed(cfg.vocab_size, cfg.d_model, embedding_init=embed_init, param_dtype=jnp.float32,
                          name="embed")
         h_btd = embed(tokens_bt).astype(jnp.float32)
         caches = []
         for i in range(cfg.n_layers):
-            h_btd, layer_cache = block_class(cfg.block)(cfg, name=f"layers_{i}")(
+            extra = {} if self.hooks is None or self.hooks[i] is None else {"hooks": self.hooks[i]}
+            h_btd, layer_cache = block_class(cfg.block)(cfg, name=f"layers_{i}", **extra)(
                 h_btd, None if cache is None else cache[i])
             caches.append(layer_cache)
         if cfg.block == "gpt_neox":

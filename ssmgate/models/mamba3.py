@@ -36,6 +36,10 @@ Parameters (paths relative to the mixer; H heads, P headdim, N d_state, R rank):
   out_proj/kernel  (d_inner, d_model)
 There is no A_log: A_t is data-dependent (gates.py edits Mamba-2 gates only).
 
+Interventions: `hooks` (a static `ssmgate.models.hooks.PhaseHooks`, default none) edits the
+angle increments, the B/C rotation and the head-to-decay assignment inside the forward pass
+(SPEC 8; phase edits need transition 'native', the decay permutation works for every transition).
+
 Diagnostics: every call sows `intermediates/phase_increment` (b, t, H, r), the per-token phase
 step in radians (dt * theta; for the damped cores the angle of the underdamped rotation, dt * nu),
 read with `model.apply(..., mutable=["intermediates"])` (P2's phase-code probe, SPEC 6.3).
@@ -56,6 +60,7 @@ import numpy as np
 from ssmgate.cores import damped, rotation, rotation_mimo
 from ssmgate.models import gates
 from ssmgate.models.config import DAMPED, ModelCfg
+from ssmgate.models.hooks import PhaseHooks
 from ssmgate.models.layers import RMSNorm, dense
 
 
@@ -75,6 +80,7 @@ class Mamba3Mixer(nn.Module):
     # None: MIMO iff cfg.mimo_rank > 1. True forces the MIMO path (with its mimo_* parameters) at
     # any rank, as the official `is_mimo`; used to check that R = 1 reproduces SISO.
     mimo: Optional[bool] = None
+    hooks: Optional[PhaseHooks] = None   # forward-time interventions (SPEC 8); None = native
 
     @nn.compact
     def __call__(self, u_btd, cache=None):
@@ -88,6 +94,10 @@ class Mamba3Mixer(nn.Module):
             raise ValueError(f"Mamba3Mixer: MIMO (mimo_rank={R}) with transition {tr!r}; expected MIMO only "
                              "for transition 'native', 'none' or 'static'")
         r = 0 if tr == "none" else cfg.n_rot_pairs
+        hooks = self.hooks or PhaseHooks()
+        if hooks.touches_phase and tr != "native":
+            raise ValueError(f"Mamba3Mixer: phase intervention {hooks} on transition {tr!r}; phase edits act "
+                             "on the input-dependent angles of transition 'native' only")
         r_in = r if tr == "native" or tr in DAMPED else 0
 
         widths = [d_inner, d_inner, g * n * R, g * n * R, h, h, h, r_in]
@@ -96,7 +106,7 @@ class Mamba3Mixer(nn.Module):
 
         dt_bias = self.param("dt_bias", lambda key: gates.dt_bias_init(cfg, key))
         dt_bth = jax.nn.softplus(dd_dt.astype(jnp.float32) + dt_bias)
-        rate_bth = _decay_rate(dd_A, cfg)  # a_t = -A_t
+        rate_bth = hooks.edit_rate(_decay_rate(dd_A, cfg))  # a_t = -A_t
         trap_bth = jax.nn.sigmoid(trap_raw.astype(jnp.float32))
         D = self.param("D", nn.initializers.ones, (h,), jnp.float32)
         B_bthRn = self._bc(B, "B", b, t, g, R, n, h)
@@ -112,7 +122,9 @@ class Mamba3Mixer(nn.Module):
                               initial_state=cache, algorithm=cfg.algorithm)
             gated = y * jax.nn.silu(z_bthp)
         else:
-            theta = self._theta(tr, ang, dt_bth, b, t, h, r)
+            theta = hooks.edit_theta(self._theta(tr, ang, dt_bth, b, t, h, r))
+            phase0 = jnp.zeros((b, h, r), jnp.float32) if cache is None else cache.phase
+            B_bthRn, C_bthRn = hooks.unrotate(B_bthRn, C_bthRn, dt_bth, theta, phase0)
             self.sow("intermediates", "phase_increment", dt_bth[..., None] * theta)
             kw = dict(trap=trap_bth, initial_state=cache, algorithm=cfg.algorithm, chunk_size=cfg.chunk_size)
             if use_mimo:
