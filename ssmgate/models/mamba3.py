@@ -42,6 +42,7 @@ angle increments, the B/C rotation and the head-to-decay assignment inside the f
 
 Diagnostics: every call sows `intermediates/phase_increment` (b, t, H, r), the per-token phase
 step in radians (dt * theta; for the damped cores the angle of the underdamped rotation, dt * nu),
+and `intermediates/decay` (b, t, H), alpha_t = exp(dt_t A_t) (SPEC 8.3's history factor),
 read with `model.apply(..., mutable=["intermediates"])` (P2's phase-code probe, SPEC 6.3).
 
 `__call__(u_btd, cache=None) -> (y_btd, new_cache)`: the cache is the core's final state
@@ -107,6 +108,7 @@ class Mamba3Mixer(nn.Module):
         dt_bias = self.param("dt_bias", lambda key: gates.dt_bias_init(cfg, key))
         dt_bth = jax.nn.softplus(dd_dt.astype(jnp.float32) + dt_bias)
         rate_bth = hooks.edit_rate(_decay_rate(dd_A, cfg))  # a_t = -A_t
+        self.sow("intermediates", "decay", jnp.exp(-dt_bth * rate_bth))  # alpha_t per head (state diagnostics)
         trap_bth = jax.nn.sigmoid(trap_raw.astype(jnp.float32))
         D = self.param("D", nn.initializers.ones, (h,), jnp.float32)
         B_bthRn = self._bc(B, "B", b, t, g, R, n, h)
