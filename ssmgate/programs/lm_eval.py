@@ -1,0 +1,82 @@
+"""Long-context evaluation of a language model (SPEC 7.2 PG-19 windows, 7.3 position buckets).
+
+A window is run from a zero state in pieces of `piece_len` tokens that carry the model's cache
+(the SSM state; a Transformer's key-value cache sized for the window), so a 64K-token window
+never holds more than one piece's activations and logits. Windows of one size all have the same
+length, so they are batched (`batch` windows at a time, the last group padded with weight 0).
+Works for any `ssmgate.models.lm.LanguageModel`, including `interventions.intervened_model`'s.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ssmgate.tasks import long_context as lc
+
+
+@functools.lru_cache(maxsize=16)  # one compiled piece function per model (modules hash by config)
+def _piece_fn(model):
+    @jax.jit
+    def run(params, inputs_bt, targets_bt, weights_bt, cache):
+        logits_btv, cache = model.apply({"params": params}, inputs_bt, cache)
+        logp = jax.nn.log_softmax(logits_btv.astype(jnp.float32), axis=-1)
+        nll_bt = -jnp.take_along_axis(logp, targets_bt[..., None], axis=-1)[..., 0]
+        return nll_bt * weights_bt, cache
+    return run
+
+
+def sequence_nll(model, params, tokens_bl: np.ndarray, weights_bl: np.ndarray, piece_len: int) -> np.ndarray:
+    """-log p of every target of rows `tokens_bl` (b, L) from a zero state, times `weights_bl`
+    (b, L - 1; weight of target j = token j + 1), run in pieces carrying the cache: (b, L - 1)."""
+    if piece_len < 1:
+        raise ValueError(f"sequence_nll: piece_len={piece_len}; expected >= 1")
+    tokens_bl = np.asarray(tokens_bl, np.int32)
+    b, length = tokens_bl.shape
+    run = _piece_fn(model)
+    cache = model.init_cache(b, length - 1)
+    out = []
+    for lo in range(0, length - 1, piece_len):
+        hi = min(lo + piece_len, length - 1)
+        nll, cache = run(params, tokens_bl[:, lo:hi], tokens_bl[:, lo + 1:hi + 1], weights_bl[:, lo:hi], cache)
+        out.append(np.asarray(nll, np.float64))
+    return np.concatenate(out, axis=1)
+
+
+def windowed_ppl(model, params, books: Sequence[np.ndarray], size: int, *, score_last: int = lc.SCORE_LAST,
+                 batch: int = 8, piece_len: int = 1024) -> dict:
+    """SPEC 7.2 at window size C = `size`: {"ppl", "nll_sum", "n_scored", "n_windows",
+    "window_nll": [summed nll of each window in lc.pg19_windows order]}."""
+    windows = lc.pg19_windows([len(bk) for bk in books], size, score_last)
+    weights = np.zeros(size - 1, np.float32)
+    weights[size - 1 - score_last:] = 1.0  # targets j = C-1-score_last .. C-2 are tokens C-score_last .. C-1
+    per_window = []
+    for g in range(0, len(windows), batch):
+        group = windows[g:g + batch]
+        rows = [np.asarray(books[w.book][w.start:w.start + size]) for w in group]
+        real = len(rows)
+        rows += [rows[0]] * (batch - real)   # static batch shape; padded rows are dropped below
+        nll = sequence_nll(model, params, np.stack(rows), np.broadcast_to(weights, (batch, size - 1)), piece_len)
+        per_window += list(nll[:real].sum(axis=1))
+    total, n_scored = float(np.sum(per_window)), score_last * len(windows)
+    return {"ppl": lc.pooled_ppl(total, n_scored) if windows else None, "nll_sum": total, "n_scored": n_scored,
+            "n_windows": len(windows), "window_nll": per_window}
+
+
+def bucket_ppl(model, params, rows_bl: np.ndarray, buckets: Sequence[tuple], *, batch: int = 8,
+               piece_len: int = 1024) -> dict:
+    """SPEC 7.3: rows (n, row_len + 1) each run from a zero state; the pooled PPL of the targets
+    whose position (0-based, in the row's targets) lies in each bucket [lo, hi): {(lo, hi): ppl}."""
+    rows_bl = np.asarray(rows_bl)
+    n, length = rows_bl.shape
+    for lo, hi in buckets:
+        if not 0 <= lo < hi <= length - 1:
+            raise ValueError(f"bucket_ppl: bucket [{lo}, {hi}) outside the {length - 1} target positions")
+    sums = np.zeros(length - 1)
+    for g in range(0, n, batch):
+        part = rows_bl[g:g + batch]
+        sums += sequence_nll(model, params, part, np.ones((len(part), length - 1), np.float32), piece_len).sum(0)
+    return {(lo, hi): lc.pooled_ppl(sums[lo:hi].sum(), n * (hi - lo)) for lo, hi in buckets}
