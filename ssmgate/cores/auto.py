@@ -4,8 +4,8 @@ The table `auto_table.json` beside this file is written by `python -m ssmgate.be
 --write_auto_table` on a machine of the backend it describes; nothing here times code at call
 time. A size class is a range of the sequence length t (the axis the algorithms differ on) within a
 width class, a range of the per-head state size p·n: the best chunk depends on both (on CPU a
-16 x 16 state trains fastest with chunks of 16-32 at every length, a 64 x 64 state with 64-128 at
-t >= 1024). Each entry holds two measured choices: `forward`, the fastest forward pass, and `train`, the fastest
+16 x 16 state trains fastest with chunks of 16-32, a 64 x 64 state with 32-64). Each entry holds
+two measured choices: `forward`, the fastest forward pass, and `train`, the fastest
 forward+backward. They differ on CPU, where `sequential` is the fastest forward pass and the
 slowest to differentiate. `run_auto` evaluates with the forward choice and, through a custom VJP,
 differentiates with the training choice (whose own forward pass then runs instead), so inference
