@@ -94,7 +94,8 @@ def test_forward_and_training_choices_dispatch(core, monkeypatch, rng):
     """forward = sequential, train = chunked: y is bit-identical to sequential's, the gradients to
     chunked's (and so within GRAD_TOL of sequential's, checked in the algorithm tests)."""
     case = checks.GRAD_CASE
-    monkeypatch.setattr(auto, "choose", lambda c, t, state_size=None, backend=None: (("sequential", None), ("chunked", case.chunk)))
+    monkeypatch.setattr(auto, "choose", lambda c, t, state_size=None, backend=None:
+                        (("sequential", None), ("chunked", case.chunk)))
     inp, proj = checks.grad_inputs(core, case, None, rng)
     y_auto, _ = jax.jit(functools.partial(cm.call_core, core, algorithm="auto"))(inp)
     y_seq, _ = cm.run(core, inp, "sequential")

@@ -314,7 +314,8 @@ def test_auto_uses_measured_choices(monkeypatch, rng):
     """Once measured, auto goes through auto.run_auto: forward by its forward choice (sequential
     here, bit-identical), gradients by its training choice (chunked)."""
     monkeypatch.setattr(mimo, "auto_is_measured", lambda backend=None: True)
-    monkeypatch.setattr(auto, "choose", lambda c, t, state_size=None, backend=None: (("sequential", None), ("chunked", FULL.chunk)))
+    monkeypatch.setattr(auto, "choose", lambda c, t, state_size=None, backend=None:
+                        (("sequential", None), ("chunked", FULL.chunk)))
     inp, proj = _grad_inputs(rng)
     y_auto, _ = jax.jit(functools.partial(call, algorithm="auto"))(inp)
     np.testing.assert_array_equal(np.asarray(y_auto), np.asarray(runner("sequential")(inp)[0]))

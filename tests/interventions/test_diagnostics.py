@@ -76,7 +76,8 @@ def test_the_state_matches_a_full_forward_pass(setup):
 
 
 def test_aggregation_order():
-    per_head = {"cosine": np.array([[0.1, 0.9, 0.2], [0.3, 0.8, 0.4]]), "sq_norm": np.array([[1.0, 4.0, 9.0], [16.0, 25.0, 36.0]])}
+    per_head = {"cosine": np.array([[0.1, 0.9, 0.2], [0.3, 0.8, 0.4]]),
+                "sq_norm": np.array([[1.0, 4.0, 9.0], [16.0, 25.0, 36.0]])}
     s = dg.summarise(per_head)
     assert s["cosine"] == pytest.approx(0.35)       # median of the six, not a mean of medians
     assert s["rms"] == pytest.approx(np.sqrt(12.5))  # sqrt after the median
