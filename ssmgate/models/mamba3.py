@@ -23,6 +23,9 @@ cfg.transition picks what turns the state (everything else identical):
 MIMO (cfg.mimo_rank R > 1, transitions native/none/static): as the official module, per head
 X_k = x * mimo_x[k], Z_k = z * mimo_z[k], the `rotation_mimo` core reads R columns of B/C and
 returns Y (b, t, H, R, P) (D applied to X_k), and out = sum_k mimo_o[k] * Y_k * silu(Z_k).
+One difference in layout: the official MIMO kernels rotate the state pairs (n, n + N/2), these
+cores the interleaved (2n, 2n + 1) as in SISO; the two are the same model up to a permutation of
+the N axis, which `ssmgate.interventions.convert_mamba3` applies to official MIMO checkpoints.
 
 Parameters (paths relative to the mixer; H heads, P headdim, N d_state, R rank):
   in_proj/kernel   (d_model, 2 d_inner + 2 G N R + 3 H + r_in)  PyTorch Linear init, no bias
