@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ssmgate.plotting import pyplot
-from ssmgate.programs.p1_kv_report import draw_lengen_bands, offset_colors, offset_keys
+from ssmgate.programs.p1_kv_report import ci_text, draw_lengen_bands, offset_colors, offset_keys
 from ssmgate.programs.report_format import cell, report_tail, table
 
 RUNS = ("horn_retrieval", "horn_lengen", "horn_transformer")
@@ -191,8 +191,8 @@ def _lengen_table(lengen: dict, transformer: dict | None) -> str:
     series = [(f"Mamba-2 δ = {o}", acc[o]) for o in offset_keys(acc)]
     if transformer and transformer.get("lengen_accuracy"):
         series.append(("Transformer", next(iter(transformer["lengen_accuracy"].values()))))
-    fmt = lambda c: "–" if c is None else f"{c['mean']:.3f} [{c['ci95_lo']:.3f}, {c['ci95_hi']:.3f}]"  # noqa: E731
-    return table(["model", *[f"k = {k}" for k in ks]], [[name, *[fmt(cells.get(k)) for k in ks]] for name, cells in series])
+    return table(["model", *[f"k = {k}" for k in ks]], [[name, *[ci_text(cells.get(k)) for k in ks]]
+                                                        for name, cells in series])
 
 
 def _reference_rows(entry: dict) -> list:

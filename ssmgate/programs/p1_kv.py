@@ -244,16 +244,18 @@ def linear_fit(x, y) -> dict:
     return out
 
 
-def t_interval(values) -> dict:
-    """{mean, ci95_lo, ci95_hi, per_seed}: mean +- t_{0.975, s-1} sd / sqrt(s) over s seeds (SPEC §0.2);
-    with one seed the interval is the mean itself."""
+def t_interval(values, bounds=(0.0, 1.0)) -> dict:
+    """{mean, ci95_lo, ci95_hi, per_seed}: mean +- t_{0.975, s-1} sd / sqrt(s) over s seeds (SPEC §0.2),
+    clipped to `bounds` (an accuracy's range: with 2 seeds t = 12.7 reaches far outside it); with one
+    seed the interval is the mean itself."""
     v = np.asarray(values, np.float64)
     mean = float(v.mean())
     half = 0.0
     if v.size > 1:
         from scipy import stats
         half = float(stats.t.ppf(0.975, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size))
-    return {"mean": mean, "ci95_lo": mean - half, "ci95_hi": mean + half, "per_seed": [float(a) for a in v]}
+    lo, hi = max(mean - half, bounds[0]), min(mean + half, bounds[1])
+    return {"mean": mean, "ci95_lo": lo, "ci95_hi": hi, "per_seed": [float(a) for a in v]}
 
 
 def eval_curves(records: list, n_replicas: int) -> tuple[list, np.ndarray]:

@@ -160,6 +160,20 @@ def plot_escape(run: dict, path: Path) -> Path:
     return path
 
 
+def ci_bounds(cell: dict) -> tuple[float, float]:
+    """A cell's 95% interval clipped to an accuracy's range [0, 1] (summaries written before
+    `p1_kv.t_interval` clipped it hold the raw t-interval)."""
+    return max(cell["ci95_lo"], 0.0), min(cell["ci95_hi"], 1.0)
+
+
+def ci_text(cell: dict | None) -> str:
+    """'mean [lo, hi]' of a length-generalisation cell, '–' for none."""
+    if cell is None:
+        return "–"
+    lo, hi = ci_bounds(cell)
+    return f"{cell['mean']:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
 def draw_lengen_bands(ax, acc: dict, transformer: dict | None) -> None:
     """Mean accuracy vs context size with its 95% CI band per offset ({offset: {size: {mean, ci95_lo,
     ci95_hi}}}), and the Transformer's run (offset 0) dashed in black when given."""
@@ -167,7 +181,7 @@ def draw_lengen_bands(ax, acc: dict, transformer: dict | None) -> None:
         sizes = sorted(cells, key=int)
         x = [int(n) for n in sizes]
         ax.plot(x, [cells[n]["mean"] for n in sizes], ls, color=color, marker="o", ms=3, label=label)
-        ax.fill_between(x, [cells[n]["ci95_lo"] for n in sizes], [cells[n]["ci95_hi"] for n in sizes],
+        ax.fill_between(x, [ci_bounds(cells[n])[0] for n in sizes], [ci_bounds(cells[n])[1] for n in sizes],
                         color=color, alpha=0.2)
 
     keys = offset_keys(acc)
@@ -235,8 +249,8 @@ def _lengen_table(last: dict, transformer: dict | None) -> str:
     series = [(f"Mamba-2 δ = {o}", acc[o]) for o in offset_keys(acc)]
     if transformer and transformer.get("lengen_accuracy"):
         series.append(("Transformer", next(iter(transformer["lengen_accuracy"].values()))))
-    fmt = lambda c: "–" if c is None else f"{c['mean']:.3f} [{c['ci95_lo']:.3f}, {c['ci95_hi']:.3f}]"  # noqa: E731
-    return table(["model", *[f"n = {n}" for n in ns]], [[name, *[fmt(cells.get(n)) for n in ns]] for name, cells in series])
+    return table(["model", *[f"n = {n}" for n in ns]], [[name, *[ci_text(cells.get(n)) for n in ns]]
+                                                        for name, cells in series])
 
 
 def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, run_root: Path):

@@ -118,6 +118,8 @@ def test_escape_fit_and_t_interval():
     assert ci["mean"] == pytest.approx(0.3)
     assert ci["ci95_hi"] - ci["mean"] == pytest.approx(2.776 * np.std([0.2, 0.4, 0.3, 0.5, 0.1], ddof=1) / 5 ** 0.5,
                                                        rel=1e-3)
+    wide = p1_kv.t_interval([0.6, 1.0])  # 2 seeds: t = 12.7, the raw interval leaves [0, 1]
+    assert (wide["ci95_lo"], wide["ci95_hi"]) == (0.0, 1.0) and wide["mean"] == pytest.approx(0.8)
 
 
 # --- flags -------------------------------------------------------------------------------------------------
