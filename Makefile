@@ -40,8 +40,9 @@ bench-docs: venv
 reproduce: venv
 	$(PY) -m ssmgate.reproduce --scale=$(SCALE) --only=$(ONLY) --out_dir=runs/reproduce
 
-# Regenerates the committed cpu-scale report in docs/reproduction/ (on purpose; ONLY=p1_fig1, the committed one,
-# takes about 15 minutes; the other experiments' cpu scales take hours and are not calibrated yet).
+# Regenerates experiments of the committed cpu-scale report in docs/reproduction/ (on purpose; the others' sections
+# are kept). ONLY=p1_fig1 takes about 15 minutes, ONLY=p1_kv about an hour, ONLY=p1_horn about 50 minutes;
+# p2_state_tracking's cpu scale is not calibrated yet.
 reproduce-docs: venv
 	$(PY) -m ssmgate.reproduce --scale=cpu --only=$(ONLY) --out_dir=runs/reproduce-cpu --docs_dir=docs/reproduction
 
