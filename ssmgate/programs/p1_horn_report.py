@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ssmgate.plotting import pyplot
-from ssmgate.programs.p1_kv_report import ci_text, draw_lengen_bands, offset_colors, offset_keys
+from ssmgate.programs.p1_kv_report import ci_text, curves_by_offset, draw_lengen_bands, offset_keys
 from ssmgate.programs.report_format import cell, report_tail, table
 
 RUNS = ("horn_retrieval", "horn_lengen", "horn_transformer")
@@ -113,11 +113,7 @@ def checks(entry: dict) -> dict:
 def plot_probe(run: dict, probe: str, path: Path, title: str) -> Path:
     """Fig 3b / 3c: per offset, the probe accuracy vs step of every seed (thin) and their mean (bold)."""
     plt = pyplot()
-    by_offset = {}
-    for c in run["curves"]:
-        by_offset.setdefault(f"{c['offset']:g}", []).append(c)
-    keys = sorted(by_offset, key=float)
-    colors = offset_colors(keys)
+    keys, by_offset, colors = curves_by_offset(run)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for o in keys:
         curves = by_offset[o]

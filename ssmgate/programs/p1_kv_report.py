@@ -105,14 +105,20 @@ def offset_colors(keys):
     return {o: cmap(i / max(len(keys) - 1, 1)) for i, o in enumerate(keys)}
 
 
-def plot_curves(run: dict, path: Path) -> Path:
-    """Fig 2a: per offset, the eval sequence accuracy of the seed with the median escape step."""
-    plt = pyplot()
+def curves_by_offset(run: dict) -> tuple[list, dict, dict]:
+    """(offset keys in increasing order, {key: [curves of its seeds]}, {key: colour}) of a run's
+    per-replica curves."""
     by_offset = {}
     for c in run["curves"]:
         by_offset.setdefault(f"{c['offset']:g}", []).append(c)
     keys = sorted(by_offset, key=float)
-    colors = offset_colors(keys)
+    return keys, by_offset, offset_colors(keys)
+
+
+def plot_curves(run: dict, path: Path) -> Path:
+    """Fig 2a: per offset, the eval sequence accuracy of the seed with the median escape step."""
+    plt = pyplot()
+    keys, by_offset, colors = curves_by_offset(run)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for o in keys:
         curves = sorted(by_offset[o], key=lambda c: c["seed"])
