@@ -25,44 +25,58 @@ def _piece_fn(model):
         logits_btv, cache = model.apply({"params": params}, inputs_bt, cache)
         logp = jax.nn.log_softmax(logits_btv.astype(jnp.float32), axis=-1)
         nll_bt = -jnp.take_along_axis(logp, targets_bt[..., None], axis=-1)[..., 0]
-        return nll_bt * weights_bt, cache
+        correct_bt = (jnp.argmax(logits_btv, axis=-1) == targets_bt).astype(jnp.float32)
+        return nll_bt * weights_bt, correct_bt * weights_bt, cache
     return run
 
 
-def sequence_nll(model, params, tokens_bl: np.ndarray, weights_bl: np.ndarray, piece_len: int) -> np.ndarray:
-    """-log p of every target of rows `tokens_bl` (b, L) from a zero state, times `weights_bl`
-    (b, L - 1; weight of target j = token j + 1), run in pieces carrying the cache: (b, L - 1)."""
+def sequence_scores(model, params, tokens_bl: np.ndarray, weights_bl: np.ndarray,
+                    piece_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(-log p, top-1 correct) of every target of rows `tokens_bl` (b, L) from a zero state, each
+    times `weights_bl` (b, L - 1; weight of target j = token j + 1), run in pieces carrying the
+    cache: two (b, L - 1) arrays."""
     if piece_len < 1:
         raise ValueError(f"sequence_nll: piece_len={piece_len}; expected >= 1")
     tokens_bl = np.asarray(tokens_bl, np.int32)
     b, length = tokens_bl.shape
     run = _piece_fn(model)
     cache = model.init_cache(b, length - 1)
-    out = []
+    nlls, corrects = [], []
     for lo in range(0, length - 1, piece_len):
         hi = min(lo + piece_len, length - 1)
-        nll, cache = run(params, tokens_bl[:, lo:hi], tokens_bl[:, lo + 1:hi + 1], weights_bl[:, lo:hi], cache)
-        out.append(np.asarray(nll, np.float64))
-    return np.concatenate(out, axis=1)
+        nll, correct, cache = run(params, tokens_bl[:, lo:hi], tokens_bl[:, lo + 1:hi + 1], weights_bl[:, lo:hi],
+                                  cache)
+        nlls.append(np.asarray(nll, np.float64))
+        corrects.append(np.asarray(correct, np.float64))
+    return np.concatenate(nlls, axis=1), np.concatenate(corrects, axis=1)
+
+
+def sequence_nll(model, params, tokens_bl: np.ndarray, weights_bl: np.ndarray, piece_len: int) -> np.ndarray:
+    """The -log p part of `sequence_scores`: (b, L - 1)."""
+    return sequence_scores(model, params, tokens_bl, weights_bl, piece_len)[0]
 
 
 def windowed_ppl(model, params, books: Sequence[np.ndarray], size: int, *, score_last: int = lc.SCORE_LAST,
                  batch: int = 8, piece_len: int = 1024) -> dict:
-    """SPEC 7.2 at window size C = `size`: {"ppl", "nll_sum", "n_scored", "n_windows",
-    "window_nll": [summed nll of each window in lc.pg19_windows order]}."""
+    """SPEC 7.2 at window size C = `size`: {"ppl", "accuracy" (top-1 over the scored tokens),
+    "nll_sum", "n_scored", "n_windows", "window_nll": [summed nll of each window in
+    lc.pg19_windows order]}."""
     windows = lc.pg19_windows([len(bk) for bk in books], size, score_last)
     weights = np.zeros(size - 1, np.float32)
     weights[size - 1 - score_last:] = 1.0  # targets j = C-1-score_last .. C-2 are tokens C-score_last .. C-1
-    per_window = []
+    per_window, n_correct = [], 0.0
     for g in range(0, len(windows), batch):
         group = windows[g:g + batch]
         rows = [np.asarray(books[w.book][w.start:w.start + size]) for w in group]
         real = len(rows)
         rows += [rows[0]] * (batch - real)   # static batch shape; padded rows are dropped below
-        nll = sequence_nll(model, params, np.stack(rows), np.broadcast_to(weights, (batch, size - 1)), piece_len)
-        per_window += list(nll[:real].sum(axis=1))
+        nll, correct = sequence_scores(model, params, np.stack(rows), np.broadcast_to(weights, (batch, size - 1)),
+                                       piece_len)
+        per_window += [float(v) for v in nll[:real].sum(axis=1)]
+        n_correct += float(correct[:real].sum())
     total, n_scored = float(np.sum(per_window)), score_last * len(windows)
-    return {"ppl": lc.pooled_ppl(total, n_scored) if windows else None, "nll_sum": total, "n_scored": n_scored,
+    return {"ppl": lc.pooled_ppl(total, n_scored) if windows else None,
+            "accuracy": n_correct / n_scored if windows else None, "nll_sum": total, "n_scored": n_scored,
             "n_windows": len(windows), "window_nll": per_window}
 
 

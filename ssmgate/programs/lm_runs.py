@@ -44,6 +44,15 @@ def init_params_fn(model, model_cfg: ModelCfg, seq_len: int = 16) -> Callable:
     return init
 
 
+def describe_mesh(model_cfg: ModelCfg, mesh_cfg: meshlib.MeshCfg) -> list[str]:
+    """The --dry_run lines of the mesh and of every parameter's sharding on it."""
+    mesh, note = meshlib.mesh_for_description(mesh_cfg)
+    params = jax.eval_shape(lambda: build_model(model_cfg).init(
+        jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"])
+    return ["", f"mesh {dict(mesh.shape)}{note}",
+            meshlib.describe_shardings(params, meshlib.param_shardings(params, mesh, mesh_cfg.params))]
+
+
 def params_digest(params) -> str:
     """sha256 of every parameter's bytes in tree order: equal digests = bit-identical weights."""
     h = hashlib.sha256()
@@ -66,17 +75,26 @@ class Run:
         return state.train.params if self.is_sweep else state.params
 
 
-def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sample: Callable, loss: Callable,
-              eval_batches, mesh, mode: str, force_sweep: bool = False, stage: Callable | None = None) -> Run:
+def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sample: Callable | None = None,
+              loss: Callable, eval_batches, mesh, mode: str, force_sweep: bool = False,
+              stage: Callable | None = None, host_sample: Callable | None = None) -> Run:
     """sample(seed, k) -> batch of step k for a replica seeded `seed` (jittable in k);
     loss(logits, batch) -> (loss, metrics); the evaluation is the mean of loss and metrics over
     the fixed `eval_batches`.
+
+    Host-side data: instead of `sample`, `host_sample(seed, k)` may return the batch as numpy
+    arrays (a memory-mapped text corpus, say, too large to live on the device); it is placed on
+    the mesh with the batch sharding each step. It must still be a function of (seed, k) only.
 
     Staged shapes: with `stage(k) -> s` (host-side, a function of k only; s hashable, e.g. a padded
     length or a length bucket) the sampler is `sample(seed, k, s)` with s static. Each stage compiles
     its own batch function and train step once, so a length curriculum or bucketed lengths pay for
     the padding of their stage, not of the longest sequence. Every replica of a sweep shares the
     stage of step k (one array shape per step)."""
+    if (sample is None) == (host_sample is None):
+        raise ValueError("build_run: pass exactly one of sample (jittable) and host_sample (numpy)")
+    if host_sample is not None and stage is not None:
+        raise ValueError("build_run: stage applies to a jittable sample; host_sample batches have one shape")
     model = build_model(model_cfg)
     tx = optim.make_optimizer(optim_cfg)
     loss_fn = lm_loss_fn(model, loss)
@@ -90,7 +108,12 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
         shard = sweep.sweep_shardings(shapes, mesh, mode)
         batch_shard = meshlib.batch_sharding(mesh, replica_axis=True)  # a prefix: every batch leaf, any rank
         seeds = jnp.asarray([r.seed for r in replicas], jnp.uint32)
-        batch_fn = staged(lambda fn: lambda k: jax.vmap(fn, (0, None))(seeds, k), sample, stage, batch_shard)
+        if host_sample is not None:
+            seed_list = [r.seed for r in replicas]
+            batch_fn = on_mesh(lambda k: jax.tree.map(lambda *xs: np.stack(xs),
+                                                      *[host_sample(s, k) for s in seed_list]), batch_shard)
+        else:
+            batch_fn = staged(lambda fn: lambda k: jax.vmap(fn, (0, None))(seeds, k), sample, stage, batch_shard)
         run_step = meshlib.jit_step(sweep.sweep_step(step), shard, batch_shard)
         eval_fn = jax.jit(lambda s: jax.vmap(evaluate)(s.train.params))
     else:
@@ -104,7 +127,10 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
         shapes = jax.eval_shape(make)
         shard = meshlib.state_shardings(shapes, mesh, mode)
         batch_shard = meshlib.batch_sharding(mesh)
-        batch_fn = staged(lambda fn: lambda k: fn(r.seed, k), sample, stage, batch_shard)
+        if host_sample is not None:
+            batch_fn = on_mesh(lambda k: host_sample(r.seed, k), batch_shard)
+        else:
+            batch_fn = staged(lambda fn: lambda k: fn(r.seed, k), sample, stage, batch_shard)
         run_step = meshlib.jit_step(step, shard, batch_shard)
         eval_fn = jax.jit(lambda s: evaluate(s.params))
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shard)
@@ -123,6 +149,17 @@ def staged(batch_of: Callable, sample: Callable, stage: Callable | None, shardin
         if s not in jitted:
             jitted[s] = jax.jit(batch_of(functools.partial(_with_stage, sample, s)), out_shardings=sharding)
         return jitted[s](k)
+    return batch_fn
+
+
+def on_mesh(host_batch: Callable, sharding) -> Callable:
+    """k -> host_batch(k) (numpy leaves) as global arrays with `sharding`. Every process computes
+    the same global batch and each device takes its slice, so this works on any number of hosts."""
+    def batch_fn(k):
+        def place(x):
+            x = np.asarray(x)
+            return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+        return jax.tree.map(place, host_batch(k))
     return batch_fn
 
 

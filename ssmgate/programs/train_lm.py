@@ -17,12 +17,10 @@ import json
 from typing import Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ssmgate.models import presets
 from ssmgate.models.config import ModelCfg
-from ssmgate.models.lm import build_model
 from ssmgate.programs import lm_runs
 from ssmgate.programs.config_error import ConfigError
 from ssmgate.tasks import synthetic_lm
@@ -88,12 +86,7 @@ def describe(cfg: TrainLMCfg) -> str:
     if cfg.preset in presets.PAPER_SIZES:
         paper, total = presets.PAPER_SIZES[cfg.preset], presets.param_count(cfg.model)
         lines.append(f"  the paper states {paper / 1e6:,.0f} M: this model is {100 * (total / paper - 1):+.1f}%")
-    mesh, note = meshlib.mesh_for_description(cfg.mesh)
-    lines += ["", f"mesh {dict(mesh.shape)}{note}"]
-    params = jax.eval_shape(lambda: build_model(cfg.model).init(
-        jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"])
-    lines.append(meshlib.describe_shardings(params, meshlib.param_shardings(params, mesh, cfg.mesh.params)))
-    return "\n".join(lines)
+    return "\n".join(lines + lm_runs.describe_mesh(cfg.model, cfg.mesh))
 
 
 def run(cfg: TrainLMCfg, run_dir: str) -> dict:

@@ -205,3 +205,28 @@ def tfds_text(name: str, split: str, data_dir: str | os.PathLike | None = None,
             yield value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
     return texts()
+
+
+# ---------------------------------------------------------------------------------------------------
+# One spelling for every source, as the programs' flags take it.
+
+CORPUS_FORMS = "'embedded', 'pg19:<folder>' or 'tfds:<name>[#<text feature>]' (e.g. 'tfds:pg19#book_text')"
+
+
+def open_corpus(spec: str, split: str, *, data_dir: str | os.PathLike | None = None,
+                text_key: str = "book_text") -> Iterator[str]:
+    """The documents of `split` of the corpus named by `spec`: "embedded" (the pydoc corpus),
+    "pg19:<folder>" (a local PG-19 copy) or "tfds:<name>[#<feature>]" (a prepared TFDS dataset read
+    by `tfds_text` with `data_dir`; its text feature is <feature>, default `text_key`). Layout and
+    preparation errors are raised here, before iteration."""
+    _check_split(split)
+    kind, _, where = spec.partition(":")
+    if kind == "embedded" and not where:
+        return iter(embedded_corpus(split))
+    if kind == "pg19" and where:
+        return (book.text for book in pg19_folder(where, split))
+    if kind == "tfds" and where:
+        name, _, key = where.partition("#")
+        if name:
+            return tfds_text(name, split, data_dir, key or text_key)
+    raise ValueError(f"corpus={spec!r}: expected {CORPUS_FORMS}")

@@ -61,6 +61,14 @@ def test_windows_are_independent_and_pieces_do_not_matter(model_params):
     other = lm_eval.windowed_ppl(model, params, books, 64, score_last=16, batch=3, piece_len=7)
     np.testing.assert_allclose(other["window_nll"], got["window_nll"], rtol=1e-5)
     assert got["ppl"] == pytest.approx(np.exp(got["nll_sum"] / got["n_scored"]))
+    assert other["accuracy"] == pytest.approx(got["accuracy"])
+    # top-1 accuracy of the scored tokens, from whole-window forwards
+    hits = 0
+    for w in windows:
+        row = np.asarray(books[w.book][w.start:w.start + 64], np.int32)
+        logits, _ = model.apply({"params": params}, row[None, :-1])
+        hits += int((np.argmax(np.asarray(logits)[0, -16:], -1) == row[-16:]).sum())
+    assert got["accuracy"] == pytest.approx(hits / got["n_scored"])
     # a book of exactly C tokens has no window (SPEC: books with L > C)
     assert lm_eval.windowed_ppl(model, params, [books[1][:64]], 64, score_last=16)["n_windows"] == 0
 
