@@ -39,3 +39,41 @@ def edit_param(params, path: str, fn: Callable):
         return {**node, keys[depth]: rebuild(node[keys[depth]], depth + 1)}
 
     return rebuild(params, 0)
+
+
+def edit_checkpoint(src_run_dir, dst_run_dir, edit: Callable, note: str, *, step: int | None = None) -> int:
+    """Writes to `<dst_run_dir>/checkpoints` the checkpoint of `src_run_dir` (its latest, or `step`)
+    with its parameters replaced by `edit(params)`; returns the step. The optimizer state, step and
+    metadata are kept (the metadata gains `edited: note` and `edited_from`), so a run of the same
+    configuration pointed at dst_run_dir resumes from the edited weights (e.g. fine-tuning after
+    the gate scaling of P1 §5, or evaluating an edited model with a finished run's flags).
+    `edit` must keep every leaf's shape and dtype; dst must not hold checkpoints yet."""
+    from pathlib import Path
+
+    import jax
+
+    from ssmgate.train.checkpoint import CheckpointError, Checkpointer
+
+    src, dst = Path(src_run_dir) / "checkpoints", Path(dst_run_dir) / "checkpoints"
+    if not src.is_dir():
+        raise CheckpointError(f"{src}: no checkpoints directory (expected a run directory of ssmgate.main)")
+    if dst.is_dir() and any(dst.iterdir()):
+        raise CheckpointError(f"{dst} already holds checkpoints; expected a new run directory for the edited weights")
+    with Checkpointer(src) as c:
+        step, state, meta = c.restore_raw(step)
+    if not isinstance(state, dict) or "params" not in state:
+        raise CheckpointError(f"{src}/{step}: the state has no 'params' (found {type(state).__name__}); expected a "
+                              "single run's TrainState, not a sweep")
+    params = state["params"]
+    edited = edit(params)
+    before, after = jax.tree_util.tree_structure(params), jax.tree_util.tree_structure(edited)
+    if before != after:
+        raise ValueError(f"edit_checkpoint: the edit changed the parameter tree ({before} -> {after})")
+    for old, new in zip(jax.tree.leaves(params), jax.tree.leaves(edited)):
+        if np.shape(old) != np.shape(new) or np.asarray(old).dtype != np.asarray(new).dtype:
+            raise ValueError(f"edit_checkpoint: the edit changed a leaf from {np.shape(old)} {np.asarray(old).dtype} "
+                             f"to {np.shape(new)} {np.asarray(new).dtype}; expected the same shape and dtype")
+    meta = dict(meta, edited=note, edited_from=str(src / str(step)))
+    with Checkpointer(dst) as d:
+        d.save(step, dict(state, params=edited), meta=meta, force=True)
+    return step

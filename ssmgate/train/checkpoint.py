@@ -176,6 +176,22 @@ class Checkpointer:
         raise CheckpointError(f"no checkpoint in {self.directory} could be restored: "
                               + "; ".join(f"step {s}: {err}" for s, err in errors.items()))
 
+    def restore_raw(self, step: int | None = None):
+        """`(step, state, meta)` of `step` (default: the latest) as saved, without a target: the
+        state as nested dicts and lists of arrays (a TrainState comes back as {"step", "params",
+        "opt_state", "rng"}). For tools that edit a checkpoint; training restores with `restore`."""
+        self._manager.reload()
+        step = self.latest_step() if step is None else int(step)
+        if step is None or step not in self.steps():
+            raise CheckpointError(f"no checkpoint{'' if step is None else f' for step {step}'} in {self.directory}; "
+                                  f"available steps: {self.steps()}")
+        try:
+            out = self._manager.restore(step, args=ocp.args.Composite(
+                **{STATE: ocp.args.StandardRestore(), META: ocp.args.JsonRestore()}))
+        except Exception as e:
+            raise CheckpointError(f"checkpoint step {step} in {self.directory} cannot be read: {_short(e)}") from e
+        return step, out[STATE], out[META]
+
     def close(self) -> None:
         self._manager.close()
 
