@@ -24,7 +24,7 @@ from pathlib import Path
 
 from absl import app, flags
 
-from ssmgate.programs import p1_fig1_report, p1_horn_report, p1_kv_report, p2_state_tracking_report
+from ssmgate.programs import p1_fig1_report, p1_horn_report, p1_kv_report, p2_lm_report, p2_state_tracking_report
 from ssmgate.train.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,6 +37,7 @@ EXPERIMENTS = {
     "p1_horn": ("p1", ("horn_retrieval", "horn_lengen", "horn_transformer"), p1_horn_report),
     "p2_state_tracking": ("p2", ("state_tracking_parity", "state_tracking_mod3", "state_tracking_arith"),
                           p2_state_tracking_report),
+    "p2_lm": ("p2", ("lm_rope05", "lm_rope0"), p2_lm_report),
 }
 
 flags.DEFINE_enum("scale", "quick", SCALES, "quick (minutes), cpu (the issues' CPU runs) or paper (pods).")
@@ -53,13 +54,17 @@ def flag_file(paper: str, run: str, scale: str) -> Path:
 
 
 def read_flags(path: Path) -> dict[str, str]:
-    """--name=value lines of a flag file (comments and blank lines skipped)."""
+    """--name=value lines of a flag file (comments and blank lines skipped), with the lines of the
+    files it includes by `--flagfile=` (relative to the repository, as `make reproduce` runs) in place."""
     out = {}
     for line in path.read_text().splitlines():
         line = line.strip()
         if line.startswith("--"):
             name, _, value = line[2:].partition("=")
-            out[name] = value
+            if name == "flagfile":
+                out.update(read_flags(REPO / value))
+            else:
+                out[name] = value
     return out
 
 

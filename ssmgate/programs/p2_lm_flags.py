@@ -1,0 +1,85 @@
+"""Flags of the P2 language-model program (`--program=p2_lm`) and their translation to P2LMCfg.
+
+Model, optimizer, mesh and loop flags are the shared ones (training_flags); `--seq_len` is the
+`train` program's flag (absl flags are global), here the training row length.
+"""
+from __future__ import annotations
+
+from absl import flags
+
+from ssmgate.programs import p2_lm
+from ssmgate.programs import train_lm_flags  # noqa: F401  (defines --seq_len)
+from ssmgate.programs import training_flags as tf
+from ssmgate.programs.config_error import ConfigError
+from ssmgate.programs.p2_lm_eval import PHASE_KINDS, LongEvalCfg
+from ssmgate.tasks import text_corpus
+
+_T, _E = p2_lm.TextCfg(), LongEvalCfg()
+flags.DEFINE_string("corpus", _T.corpus, f"Training and validation text: {text_corpus.CORPUS_FORMS}.")
+flags.DEFINE_string("eval_corpus", "", "The long-context evaluation's books (same forms); empty = --corpus.")
+flags.DEFINE_enum("eval_split", _T.eval_split, text_corpus.SPLITS, "Split of the long-context books.")
+flags.DEFINE_string("tokenizer", _T.tokenizer, "'byte', or a HF tokenizer.json / SentencePiece .model file.")
+flags.DEFINE_string("tfds_data_dir", None, "data_dir of prepared TFDS datasets (default: TFDS's).")
+flags.DEFINE_string("text_key", _T.text_key, "Text feature of TFDS corpora that do not name one (tfds:<name>#<feature>).")
+flags.DEFINE_integer("eval_batch", _T.eval_batch, "Validation rows per forward pass.")
+flags.DEFINE_integer("max_train_tokens", None, "Cut the training token stream here (default: all of it).")
+flags.DEFINE_integer("max_valid_tokens", None, "Cut the validation token stream here (SPEC 7.1: a 50M-token slice).")
+flags.DEFINE_integer("max_eval_books", None, "Use only the first N long-context books.")
+flags.DEFINE_string("token_cache_dir", None, "Cache token streams here as .npy (default: tokenize every run).")
+flags.DEFINE_list("lm_windows", [str(c) for c in _E.windows], "Window sizes C of the SPEC 7.2 evaluation.")
+flags.DEFINE_integer("score_last", _E.score_last, "Tokens scored at the end of each window (SPEC 7.2: 100).")
+flags.DEFINE_integer("piece_len", _E.piece_len, "Tokens per forward piece of a window (the state carries over).")
+flags.DEFINE_integer("window_batch", _E.batch, "Windows per forward pass.")
+flags.DEFINE_list("lm_interventions", [], f"Phase interventions at every window size: some of {', '.join(PHASE_KINDS)}.")
+flags.DEFINE_integer("bc_window", None, "Window size of the B/C rotation-removal table (SPEC 8.4); unset = skip.")
+flags.DEFINE_integer("heatmap_window", None, "Window size of the layer-window heat map (SPEC 8.1); unset = skip.")
+flags.DEFINE_integer("diag_len", 0, "State diagnostics (SPEC 8.3) over the first N tokens of books this long; 0 = skip.")
+flags.DEFINE_integer("diag_skip", 0, "Leading positions excluded from the diagnostics (SPEC: 2000).")
+flags.DEFINE_integer("diag_short", 0, "End of the diagnostics' shorter span (SPEC: 16000).")
+flags.DEFINE_integer("diag_books", _E.diag_books, "At most this many books for the diagnostics.")
+flags.DEFINE_integer("trajectory_len", 0, "Phase-trajectory figure over this many tokens; 0 = skip.")
+flags.DEFINE_list("memory_windows", [], "Window lengths whose peak memory is measured in fresh processes.")
+flags.DEFINE_string("variant", "", "The report's name of this model (e.g. rotation, no_rotation).")
+flags.DEFINE_string("init_official", None, "Evaluate an official Mamba-3 safetensors checkpoint (no training; "
+                    "the model flags must describe it).")
+
+FLAGS = flags.FLAGS
+
+
+def _ints(name: str) -> tuple:
+    try:
+        return tuple(int(v) for v in FLAGS[name].value)
+    except ValueError:
+        raise ConfigError(f"--{name}={','.join(FLAGS[name].value)}: expected comma-separated integers") from None
+
+
+def config_from_flags() -> p2_lm.P2LMCfg:
+    official = FLAGS.init_official
+    steps = None if official else tf.require("steps", "p2_lm")
+    batch = tf.require("batch", "p2_lm")
+    lr = FLAGS.lr if FLAGS.lr is not None else (1e-3 if official else tf.require("lr", "p2_lm"))
+    if official and FLAGS.steps is not None:
+        raise ConfigError("--init_official evaluates a converted checkpoint without training; drop --steps")
+    text = p2_lm.TextCfg(corpus=FLAGS.corpus, eval_corpus=FLAGS.eval_corpus, eval_split=FLAGS.eval_split,
+                         tokenizer=FLAGS.tokenizer, tfds_data_dir=FLAGS.tfds_data_dir, text_key=FLAGS.text_key,
+                         seq_len=FLAGS.seq_len, batch=batch, eval_batch=FLAGS.eval_batch,
+                         max_train_tokens=FLAGS.max_train_tokens, max_valid_tokens=FLAGS.max_valid_tokens,
+                         max_eval_books=FLAGS.max_eval_books, cache_dir=FLAGS.token_cache_dir)
+    long_eval = LongEvalCfg(windows=_ints("lm_windows"), score_last=FLAGS.score_last, piece_len=FLAGS.piece_len,
+                            batch=FLAGS.window_batch, interventions=tuple(FLAGS.lm_interventions),
+                            bc_window=FLAGS.bc_window, heatmap_window=FLAGS.heatmap_window,
+                            diag_len=FLAGS.diag_len, diag_skip=FLAGS.diag_skip, diag_short=FLAGS.diag_short,
+                            diag_books=FLAGS.diag_books, trajectory_len=FLAGS.trajectory_len,
+                            memory_windows=_ints("memory_windows"), shuffle_seed=FLAGS.seed)
+    cfg = p2_lm.P2LMCfg(model=tf.model_cfg(), optim=tf.optim_cfg(lr, steps or 1), text=text, long_eval=long_eval,
+                        loop=None if official else tf.loop_cfg(steps, name="p2_lm"), mesh=tf.mesh_cfg(),
+                        seed=FLAGS.seed, variant=FLAGS.variant, preset=FLAGS.preset, init_official=official)
+    return cfg.validate()
+
+
+def describe(cfg) -> str:
+    return p2_lm.describe(cfg)
+
+
+def run(cfg, run_dir: str) -> dict:
+    return p2_lm.run(cfg, run_dir)

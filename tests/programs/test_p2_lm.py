@@ -1,0 +1,203 @@
+"""The `p2_lm` program: text pretraining on the embedded corpus, the long-context evaluation with
+interventions, resuming both, edited checkpoints, the report section, flags and the memory probe."""
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from ssmgate.interventions.edits import edit_checkpoint, edit_param
+from ssmgate.models.config import ModelCfg
+from ssmgate.programs import lm_memory, lm_runs, p2_lm, p2_lm_report
+from ssmgate.programs.config_error import ConfigError
+from ssmgate.programs.p2_lm_eval import CELLS_FILE, LongEvalCfg
+from ssmgate.tasks import text_corpus, text_packing
+from ssmgate.train import loop, mesh as meshlib, optim
+from ssmgate.train.checkpoint import CheckpointError
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ModelCfg(block="mamba3", vocab_size=258, d_model=16, n_layers=2, d_state=8, headdim=8, expand=2)
+FULL_EVAL = dict(interventions=("phase_removal", "decay_permutation"), bc_window=128, heatmap_window=64,
+                 diag_len=256, diag_skip=16, diag_short=64, trajectory_len=256)
+
+
+def make_cfg(model=TINY, steps=4, variant="rotation", **long_eval):
+    text = p2_lm.TextCfg(seq_len=32, batch=4, eval_batch=64, max_train_tokens=20_000, max_valid_tokens=3_000,
+                         max_eval_books=3)
+    return p2_lm.P2LMCfg(model=model, optim=optim.OptimCfg(name="adamw", lr=3e-3, total_steps=steps), text=text,
+                         long_eval=LongEvalCfg(windows=(64, 128), score_last=16, piece_len=64, batch=4, **long_eval),
+                         loop=loop.LoopCfg(steps, log_every=2, eval_every=2, tensorboard=False),
+                         mesh=meshlib.MeshCfg(), variant=variant).validate()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("p2_lm") / "rope05"
+    cfg = make_cfg(**FULL_EVAL)
+    return cfg, run_dir, p2_lm.run(cfg, str(run_dir))
+
+
+def test_a_run_trains_on_text_and_measures_every_part(trained):
+    cfg, run_dir, s = trained
+    assert s["steps"] == 4 and s["variant"] == "rotation" and s["data"]["tokenizer"] == "byte"
+    assert s["data"]["train_tokens"] == 20_000 and s["data"]["valid_tokens"] == 3_000
+    assert [step for step, _ in s["val_curve"]] == [2, 4] and s["val_curve"][-1][1] == pytest.approx(s["ppl"])
+    assert 1.0 < s["ppl"] < 258.0  # finite, and below the uniform distribution's 258
+    le = s["long_eval"]
+    assert set(le["window_ppl"]) == {"64", "128"} and all(v > 1.0 for v in le["window_ppl"].values())
+    assert all(0.0 <= v <= 1.0 for v in le["window_accuracy"].values())
+    assert set(le["intervention_ratio"]) == {"phase_removal", "decay_permutation"}
+    for kind, row in le["intervention_ppl"].items():
+        for c, ppl in row.items():
+            assert le["intervention_ratio"][kind][c] == pytest.approx(ppl / le["window_ppl"][c])
+    assert set(le["bc_removal_ratio"]) == {"remove_B", "remove_C", "remove_both"}
+    assert le["bc_removal_ppl"]["native"] == le["window_ppl"]["128"]
+    cells = le["layer_heatmap"]["cells"]
+    assert sorted((c["start"], c["width"]) for c in cells) == [(0, 1), (0, 2), (1, 1)]
+    # Removing phases in all layers is the whole-model phase removal measured at the same C.
+    whole = next(c for c in cells if c["width"] == 2)
+    assert whole["ppl_ratio"] == pytest.approx(le["intervention_ratio"]["phase_removal"]["64"])
+    stats = le["state_stats"]
+    assert stats["spans"] == {"short": [16, 64], "long": [16, 256]}
+    for label in ("native", "removed"):
+        for span in ("short", "long"):
+            assert -1.0 <= stats[label][span]["cosine"] <= 1.0 and stats[label][span]["rms"] > 0.0
+    assert (run_dir / "phase_trajectories.png").exists() or "skipped" in le["phase_trajectories"]
+    assert (run_dir / "curves.png").exists() and (run_dir / CELLS_FILE).exists()
+
+
+def test_the_validation_ppl_pools_every_validation_token(trained):
+    cfg, run_dir, s = trained
+    data = p2_lm.load_text(cfg.text, cfg.model.vocab_size)
+    from ssmgate.models.lm import build_model
+    from ssmgate.train.checkpoint import Checkpointer
+    with Checkpointer(run_dir / "checkpoints") as c:
+        _, state, _ = c.restore_raw()
+    model = build_model(cfg.model)
+    rows = text_packing.eval_rows(data.valid, cfg.text.seq_len)
+    logits, _ = model.apply({"params": state["params"]}, np.asarray(rows.inputs))
+    logp = np.asarray(jax.nn.log_softmax(logits, axis=-1), np.float64)
+    nll = -np.take_along_axis(logp, np.asarray(rows.targets)[..., None], -1).mean()
+    assert s["ppl"] == pytest.approx(math.exp(nll), rel=1e-4)
+
+
+def test_rerunning_a_finished_run_resumes_and_measures_nothing_again(trained):
+    cfg, run_dir, first = trained
+    lines = (run_dir / CELLS_FILE).read_text().count("\n")
+    again = p2_lm.run(cfg, str(run_dir))
+    assert again["resumed_from"] == 4 and again["params_digest"] == first["params_digest"]
+    assert again["long_eval"] == first["long_eval"]
+    assert (run_dir / CELLS_FILE).read_text().count("\n") == lines
+
+
+def test_an_edited_checkpoint_is_resumed_with_the_edited_weights(trained, tmp_path):
+    cfg, run_dir, first = trained
+    edit = lambda p: edit_param(p, "layers_0/mixer/dt_bias", lambda x: x + 1.0)
+    step = edit_checkpoint(run_dir, tmp_path / "edited", edit, "dt_bias + 1")
+    assert step == 4
+    plain = dataclasses.replace(cfg, long_eval=LongEvalCfg(windows=(64,), score_last=16, piece_len=64, batch=4))
+    edited = p2_lm.run(plain, str(tmp_path / "edited"))
+    assert edited["resumed_from"] == 4 and edited["params_digest"] != first["params_digest"]
+    assert edited["long_eval"]["window_ppl"]["64"] != first["long_eval"]["window_ppl"]["64"]
+    with pytest.raises(CheckpointError, match="already holds checkpoints"):
+        edit_checkpoint(run_dir, tmp_path / "edited", edit, "again")
+    with pytest.raises(ValueError, match="same shape and dtype"):
+        edit_checkpoint(run_dir, tmp_path / "bad", lambda p: edit_param(p, "layers_0/mixer/D", lambda x: x[:1]), "")
+
+
+def test_the_report_section_and_summary_entry(trained, tmp_path):
+    cfg, run_dir, s = trained
+    worse = json.loads(json.dumps(s))
+    worse["ppl"] *= 1.5
+    worse["long_eval"] = {k: worse["long_eval"][k] for k in ("window_ppl", "window_accuracy")}
+    worse["long_eval"]["window_ppl"] = {c: v * 1.5 for c, v in s["long_eval"]["window_ppl"].items()}
+    runs = {"lm_rope05": s, "lm_rope0": worse}
+    entry, md = p2_lm_report.build(runs, "quick", {"lm_rope05": [], "lm_rope0": []}, {}, tmp_path / "fig",
+                                   run_dir.parent)
+    assert entry["ppl"] == {"rotation": s["ppl"], "no_rotation": worse["ppl"]}
+    assert set(entry["window_ppl"]["no_rotation"]) == {"64", "128"}
+    assert entry["intervention_ratio"] == s["long_eval"]["intervention_ratio"]
+    assert set(entry["bc_removal_ratio"]) == {"remove_B", "remove_C", "remove_both"}
+    assert set(entry["state_stats"]) == {"native", "removed"} and "cosine" in entry["state_stats"]["native"]
+    assert entry["checks"]["rotation_heldout_ppl_below_no_rotation"] is True
+    assert entry["checks"]["rotation_window_ppl_below_no_rotation_every_C"] is True
+    assert "every_phase_intervention_ratio_gt_1" in entry["checks"]
+    assert (tmp_path / "fig" / "p2_lm_ppl.png").exists() and (tmp_path / "fig" / "p2_lm_layer_heatmap.png").exists()
+    assert "| model | params | held-out PPL | C=64 | C=128 |" in md and "paper SISO" in md
+    entry, md = p2_lm_report.build({"lm_rope05": s}, "quick", {}, {}, tmp_path / "fig", run_dir.parent)
+    assert "Runs without a summary (failed or not run): lm_rope0" in md
+    assert "rotation_heldout_ppl_below_no_rotation" not in entry["checks"]
+
+
+def test_a_model_without_rotation_gets_only_the_native_numbers(tmp_path):
+    cfg = make_cfg(model=dataclasses.replace(TINY, transition="none", rope_fraction=0.0), steps=2,
+                   variant="no_rotation", interventions=("phase_removal",))
+    s = p2_lm.run(cfg, str(tmp_path / "rope0"))
+    assert "no phases to intervene on" in s["long_eval"]["interventions_skipped"]
+    assert "intervention_ratio" not in s["long_eval"] and set(s["long_eval"]["window_ppl"]) == {"64", "128"}
+
+
+def test_host_batches_are_the_packers_batches_on_the_mesh():
+    stream = np.arange(5000, dtype=np.int32) % 258
+    mesh = meshlib.make_mesh(meshlib.MeshCfg())
+    batch_fn = lm_runs.on_mesh(lambda k: text_packing.batch_at(stream, 16, 4, 7, k), meshlib.batch_sharding(mesh))
+    for k in (0, 3):
+        got, want = batch_fn(k), text_packing.batch_at(stream, 16, 4, 7, k)
+        np.testing.assert_array_equal(np.asarray(got.inputs), want.inputs)
+        assert got.inputs.sharding.spec[0] == "data"
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(text=dict(corpus="wiki")), "corpus='wiki': expected 'embedded'"),
+    (dict(text=dict(eval_split="dev")), "eval_split='dev'"),
+    (dict(text=dict(seq_len=0)), "seq_len=0"),
+    (dict(long_eval=dict(windows=(16,), score_last=16)), "windows=(16,): expected sizes > score_last=16"),
+    (dict(long_eval=dict(interventions=("phase_removel",))), "'phase_removel' is not one of"),
+    (dict(long_eval=dict(diag_len=100, diag_skip=50, diag_short=20)), "expected 0 <= diag_skip < diag_short"),
+    (dict(model=dict(vocab_size=200)), "the tokenizer 'byte' has 258 tokens"),
+    (dict(loop=None), "expected exactly one of them"),
+])
+def test_bad_configurations_name_what_is_wrong(change, message):
+    cfg = make_cfg()
+    parts = {}
+    for field, value in change.items():
+        old = getattr(cfg, field)
+        parts[field] = value if value is None else dataclasses.replace(old, **value)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        dataclasses.replace(cfg, **parts).validate()
+
+
+def test_corpus_specs():
+    assert next(text_corpus.open_corpus("embedded", "test")) == text_corpus.embedded_corpus("test")[0]
+    for bad in ("tfds:", "tfds:#text", "embedded:x", "pg19", "wiki:x"):
+        with pytest.raises(ValueError, match="expected 'embedded', 'pg19:<folder>'"):
+            text_corpus.open_corpus(bad, "train")
+    with pytest.raises(FileNotFoundError, match="PG-19 folder not found"):
+        text_corpus.open_corpus("pg19:/nonexistent/pg19", "test")
+
+
+def test_a_long_window_does_not_need_more_memory_than_a_short_one():
+    mem = lm_memory.measure(TINY, (512, 32_768), 512)
+    assert [r["window"] for r in mem["runs"]] == [512, 32_768]
+    assert all(math.isfinite(r["mean_nll"]) and r["peak_rss_mb"] > 0 for r in mem["runs"])
+    assert mem["full_logits_mb"] == pytest.approx(32_768 * 258 * 4 / 2 ** 20)
+    assert mem["growth_mb"] < 0.5 * mem["full_logits_mb"], mem
+
+
+def test_flag_files_dry_run():
+    # (rope05, rope0) x (paper, cpu, quick); the paper ones include experiments/models/p2_lm_187m_*.flags,
+    # which test_train_lm dry-runs with the paper's sizes.
+    assert len(sorted((REPO / "experiments" / "p2").rglob("lm_*.flags"))) == 6
+    for path in ("experiments/p2/cpu/lm_rope05.flags", "experiments/p2/quick/lm_rope0.flags"):
+        res = subprocess.run([sys.executable, "-m", "ssmgate.main", f"--flagfile={path}", "--dry_run"], cwd=REPO,
+                             capture_output=True, text=True)
+        assert res.returncode == 0, (path, res.stderr[-2000:])
+        assert "long_eval: LongEvalCfg(" in res.stdout and "mesh {" in res.stdout
+    bad = subprocess.run([sys.executable, "-m", "ssmgate.main", "--flagfile=experiments/p2/quick/lm_rope05.flags",
+                          "--init_official=x.safetensors", "--dry_run"], cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode != 0 and "drop --steps" in bad.stderr and "Traceback" not in bad.stderr
