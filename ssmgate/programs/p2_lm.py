@@ -138,6 +138,7 @@ class TextData:
     valid: np.ndarray
     books: list                  # eval books, token arrays
     tokenizer_name: str
+    eos_id: int
 
 
 def _cache(cfg: TextCfg, corpus: str, split: str) -> Optional[str]:
@@ -169,7 +170,7 @@ def load_text(cfg: TextCfg, vocab_size: int) -> TextData:
         except ValueError as e:
             raise ConfigError(f"--corpus={cfg.corpus}: the {name} split is too short for --seq_len={cfg.seq_len}"
                               f" ({e})") from None
-    return TextData(train, valid, books, tok.name)
+    return TextData(train, valid, books, tok.name, int(tok.eos_id))
 
 
 def describe(cfg: P2LMCfg) -> str:
@@ -241,7 +242,7 @@ def run(cfg: P2LMCfg, run_dir: str) -> dict:
                    "tokens_per_s": steps_run * cfg.text.batch * cfg.text.seq_len / max(result.wall_s, 1e-9)}
     train_wall = time.perf_counter() - start
     digest = lm_runs.params_digest(params)
-    long_eval = evaluate(cfg.model, params, data.books, cfg.long_eval, rd, digest)
+    long_eval = evaluate(cfg.model, params, data.books, cfg.long_eval, rd, digest, eos_id=data.eos_id)
     summary = {"variant": cfg.variant, "params": presets.param_count(cfg.model), **trained,
                "train_wall_s": train_wall, "wall_s": time.perf_counter() - start,
                "ppl": evals.get("ppl"), "val_accuracy": evals.get("accuracy"),

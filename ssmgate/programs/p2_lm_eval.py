@@ -1,5 +1,5 @@
 """The long-context evaluation of a trained (or converted) language model: SPEC 7.2 windows,
-8.1 layer-window heat map, 8.2 intervention table, 8.3 state diagnostics, 8.4 write/read
+7.3 position buckets, 8.1 layer-window heat map, 8.2 intervention table, 8.3 state diagnostics, 8.4 write/read
 rotation removal, 8.5 phase trajectories, and the memory of one long window.
 
 `evaluate` runs every part the `LongEvalCfg` asks for and returns one JSON-able dict (the
@@ -43,6 +43,8 @@ class LongEvalCfg:
     diag_books: int = 4            # at most this many books for the diagnostics
     trajectory_len: int = 0        # phase-trajectory figure over this many tokens of the longest book; 0 = skip
     memory_windows: tuple = ()     # window lengths whose peak memory is measured in a fresh process
+    bucket_row_len: int = 0        # SPEC 7.3: the books joined with EOS, cut into rows this long; 0 = skip
+    bucket_width: int = 1024       # ... and the PPL per bucket of this many positions
     shuffle_seed: int = 0
 
     def validate(self) -> "LongEvalCfg":
@@ -62,6 +64,9 @@ class LongEvalCfg:
         if self.diag_len and not 0 <= self.diag_skip < self.diag_short <= self.diag_len:
             raise ValueError(f"diag_skip={self.diag_skip}, diag_short={self.diag_short}, diag_len={self.diag_len}: "
                              "expected 0 <= diag_skip < diag_short <= diag_len")
+        if self.bucket_row_len and (self.bucket_width < 1 or self.bucket_row_len % self.bucket_width):
+            raise ValueError(f"bucket_row_len={self.bucket_row_len}: expected a multiple of bucket_width="
+                             f"{self.bucket_width} >= 1")
         if any(m < 2 for m in self.memory_windows):
             raise ValueError(f"memory_windows={self.memory_windows}: expected lengths >= 2")
         return self
@@ -108,8 +113,9 @@ def _ratio(value, native):
 
 
 def evaluate(cfg: ModelCfg, params, books: Sequence[np.ndarray], ecfg: LongEvalCfg, rd: RunDir,
-             digest: str) -> dict:
-    """Every part `ecfg` asks for on the eval `books` (token arrays); see the module docstring."""
+             digest: str, eos_id: int | None = None) -> dict:
+    """Every part `ecfg` asks for on the eval `books` (token arrays; `eos_id` joins them for the
+    position buckets); see the module docstring."""
     ecfg = ecfg.validate()
     store = CellStore(rd, digest)
     phases = touches_phase(cfg)
@@ -129,6 +135,9 @@ def evaluate(cfg: ModelCfg, params, books: Sequence[np.ndarray], ecfg: LongEvalC
     out["window_ppl"] = {str(c): native[c]["ppl"] for c in ecfg.windows}
     out["window_accuracy"] = {str(c): native[c]["accuracy"] for c in ecfg.windows}
     out["n_windows"] = {str(c): native[c]["n_windows"] for c in ecfg.windows}
+    if ecfg.bucket_row_len:
+        out["bucket_ppl"] = store.get(f"buckets|{ecfg.bucket_row_len}|{ecfg.bucket_width}",
+                                      lambda: _buckets(cfg, params, books, ecfg, eos_id))
     if not phases:
         out["interventions_skipped"] = (f"block {cfg.block!r}, transition {cfg.transition!r}, "
                                         f"{cfg.n_rot_pairs} rotated pairs: no phases to intervene on")
@@ -153,6 +162,23 @@ def evaluate(cfg: ModelCfg, params, books: Sequence[np.ndarray], ecfg: LongEvalC
     if ecfg.trajectory_len:
         out["phase_trajectories"] = _trajectories(cfg, params, books, ecfg, rd)
     return out | _memory(cfg, ecfg)
+
+
+def _buckets(cfg: ModelCfg, params, books, ecfg: LongEvalCfg, eos_id: int | None) -> dict:
+    """SPEC 7.3: the books joined with EOS, cut into rows of bucket_row_len tokens (state reset per
+    row); the pooled PPL of the targets in each position bucket: {"lo-hi": ppl, "rows": n}."""
+    if eos_id is None:
+        raise ValueError("position buckets: eos_id is needed to join the books")
+    stream = np.concatenate([np.append(np.asarray(b, np.int32), np.int32(eos_id)) for b in books])
+    n = (len(stream) - 1) // ecfg.bucket_row_len
+    if n < 1:
+        return {"rows": 0, "skipped": f"{len(stream)} eval tokens hold no row of {ecfg.bucket_row_len + 1}"}
+    say(f"[p2_lm] position buckets: {n} rows of {ecfg.bucket_row_len} tokens")
+    rows = np.stack([stream[i * ecfg.bucket_row_len:(i + 1) * ecfg.bucket_row_len + 1] for i in range(n)])
+    buckets = lc.position_buckets(ecfg.bucket_row_len, ecfg.bucket_width)
+    ppl = lm_eval.bucket_ppl(intervened_model(cfg, Intervention()), params, rows, buckets, batch=ecfg.batch,
+                             piece_len=ecfg.piece_len)
+    return {"rows": n, **{f"{lo}-{hi}": v for (lo, hi), v in ppl.items()}}
 
 
 def _heatmap(cfg: ModelCfg, ecfg: LongEvalCfg, cell) -> dict:

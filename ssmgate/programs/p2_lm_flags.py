@@ -39,6 +39,9 @@ flags.DEFINE_integer("diag_short", 0, "End of the diagnostics' shorter span (SPE
 flags.DEFINE_integer("diag_books", _E.diag_books, "At most this many books for the diagnostics.")
 flags.DEFINE_integer("trajectory_len", 0, "Phase-trajectory figure over this many tokens; 0 = skip.")
 flags.DEFINE_list("memory_windows", [], "Window lengths whose peak memory is measured in fresh processes.")
+flags.DEFINE_integer("bucket_row_len", 0, "SPEC 7.3: eval books joined with EOS in rows this long, PPL per "
+                     "position bucket; 0 = skip.")
+flags.DEFINE_integer("bucket_width", _E.bucket_width, "Positions per bucket of --bucket_row_len rows.")
 flags.DEFINE_string("variant", "", "The report's name of this model (e.g. rotation, no_rotation).")
 flags.DEFINE_string("init_official", None, "Evaluate an official Mamba-3 safetensors checkpoint (no training; "
                     "the model flags must describe it).")
@@ -70,7 +73,8 @@ def config_from_flags() -> p2_lm.P2LMCfg:
                             bc_window=FLAGS.bc_window, heatmap_window=FLAGS.heatmap_window,
                             diag_len=FLAGS.diag_len, diag_skip=FLAGS.diag_skip, diag_short=FLAGS.diag_short,
                             diag_books=FLAGS.diag_books, trajectory_len=FLAGS.trajectory_len,
-                            memory_windows=_ints("memory_windows"), shuffle_seed=FLAGS.seed)
+                            memory_windows=_ints("memory_windows"), bucket_row_len=FLAGS.bucket_row_len,
+                            bucket_width=FLAGS.bucket_width, shuffle_seed=FLAGS.seed)
     cfg = p2_lm.P2LMCfg(model=tf.model_cfg(), optim=tf.optim_cfg(lr, steps or 1), text=text, long_eval=long_eval,
                         loop=None if official else tf.loop_cfg(steps, name="p2_lm"), mesh=tf.mesh_cfg(),
                         seed=FLAGS.seed, variant=FLAGS.variant, preset=FLAGS.preset, init_official=official)

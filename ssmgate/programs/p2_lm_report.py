@@ -6,7 +6,8 @@ runs of ssmgate.programs.p2_lm (either may be missing) and returns
     "intervention_ratio": {intervention: {C: ratio to native}},
     "bc_removal_ratio": {remove_B | remove_C | remove_both: ratio},
     "state_stats": {native | removed: {cosine, rms}} (the long span; "state_stats_by_span" has both),
-    "val_curve": {variant: [[step, ppl], ...]}, "layer_heatmap", "memory", "checks", "wall_s"},
+    "val_curve": {variant: [[step, ppl], ...]}, "bucket_ppl": {variant: {"lo-hi": ppl, "rows": n}},
+    "layer_heatmap", "memory", "checks", "wall_s"},
    markdown)
 with the paper's numbers (SPEC 8.2-8.4, SISO and MIMO 1.5B) beside ours.
 """
@@ -46,6 +47,8 @@ def collect(runs: dict) -> dict:
         entry["window_accuracy"][variant] = s["long_eval"]["window_accuracy"]
         entry["val_curve"][variant] = s["val_curve"]
         entry["params"][variant] = s["params"]
+        if "bucket_ppl" in s["long_eval"]:
+            entry.setdefault("bucket_ppl", {})[variant] = s["long_eval"]["bucket_ppl"]
     rot = runs.get("lm_rope05", {}).get("long_eval", {})
     for key in ("intervention_ratio", "intervention_ppl", "bc_removal_ratio", "bc_removal_ppl", "bc_window",
                 "layer_heatmap", "memory", "n_windows"):
@@ -165,6 +168,14 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
               table(["model", "params", "held-out PPL", *[f"C={c}" for c in sizes]], rows)]
     _ppl_figure(entry, figure_dir / "p2_lm_ppl.png")
     lines += ["![PPL](figures/p2_lm_ppl.png)", ""]
+    buckets = entry.get("bucket_ppl", {})
+    spans = sorted({k for row in buckets.values() for k in row if "-" in k}, key=lambda k: int(k.split("-")[0]))
+    if spans:
+        rows = [[v.replace("_", " "), str(row.get("rows", "–")), *[_fmt(row.get(k)) for k in spans]]
+                for v, row in buckets.items()]
+        lines += ["PPL per position bucket (SPEC 7.3): the evaluation books joined with EOS, cut into rows, the "
+                  "state reset per row (the paper's Fig 6 on four other corpora).", "",
+                  table(["model", "rows", *[f"[{k.replace('-', ', ')})" for k in spans]], rows)]
     if entry.get("intervention_ratio"):
         ppl, ratio = entry["intervention_ppl"], entry["intervention_ratio"]
         rows = [["native", *[_fmt(win["rotation"][c]) for c in sizes], "1, 1, 1", "1, 1, 1"]]

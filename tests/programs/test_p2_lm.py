@@ -23,7 +23,7 @@ from ssmgate.train.checkpoint import CheckpointError
 REPO = Path(__file__).resolve().parents[2]
 TINY = ModelCfg(block="mamba3", vocab_size=258, d_model=16, n_layers=2, d_state=8, headdim=8, expand=2)
 FULL_EVAL = dict(interventions=("phase_removal", "decay_permutation"), bc_window=128, heatmap_window=64,
-                 diag_len=256, diag_skip=16, diag_short=64, trajectory_len=256)
+                 diag_len=256, diag_skip=16, diag_short=64, trajectory_len=256, bucket_row_len=64, bucket_width=32)
 
 
 def make_cfg(model=TINY, steps=4, variant="rotation", **long_eval):
@@ -69,6 +69,8 @@ def test_a_run_trains_on_text_and_measures_every_part(trained):
             assert -1.0 <= stats[label][span]["cosine"] <= 1.0 and stats[label][span]["rms"] > 0.0
     assert (run_dir / "phase_trajectories.png").exists() or "skipped" in le["phase_trajectories"]
     assert (run_dir / "curves.png").exists() and (run_dir / CELLS_FILE).exists()
+    buckets = le["bucket_ppl"]
+    assert set(buckets) == {"rows", "0-32", "32-64"} and buckets["rows"] > 10 and buckets["0-32"] > 1.0
 
 
 def test_the_validation_ppl_pools_every_validation_token(trained):
@@ -129,6 +131,7 @@ def test_the_report_section_and_summary_entry(trained, tmp_path):
     assert "every_phase_intervention_ratio_gt_1" in entry["checks"]
     assert (tmp_path / "fig" / "p2_lm_ppl.png").exists() and (tmp_path / "fig" / "p2_lm_layer_heatmap.png").exists()
     assert "| model | params | held-out PPL | C=64 | C=128 |" in md and "paper SISO" in md
+    assert entry["bucket_ppl"]["rotation"] == s["long_eval"]["bucket_ppl"] and "| model | rows | [0, 32) |" in md
     entry, md = p2_lm_report.build({"lm_rope05": s}, "quick", {}, {}, tmp_path / "fig", run_dir.parent)
     assert "Runs without a summary (failed or not run): lm_rope0" in md
     assert "rotation_heldout_ppl_below_no_rotation" not in entry["checks"]
@@ -159,6 +162,7 @@ def test_host_batches_are_the_packers_batches_on_the_mesh():
     (dict(long_eval=dict(windows=(16,), score_last=16)), "windows=(16,): expected sizes > score_last=16"),
     (dict(long_eval=dict(interventions=("phase_removel",))), "'phase_removel' is not one of"),
     (dict(long_eval=dict(diag_len=100, diag_skip=50, diag_short=20)), "expected 0 <= diag_skip < diag_short"),
+    (dict(long_eval=dict(bucket_row_len=100, bucket_width=32)), "bucket_row_len=100: expected a multiple"),
     (dict(model=dict(vocab_size=200)), "the tokenizer 'byte' has 258 tokens"),
     (dict(loop=None), "expected exactly one of them"),
 ])
