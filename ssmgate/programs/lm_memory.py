@@ -2,11 +2,13 @@
 that grows with its length beyond one piece's activations).
 
 `measure(cfg, lengths, piece_len)` runs, for each length, a fresh Python process that builds the
-model (random weights: memory does not depend on their values), scores one window of that many
-tokens with `lm_eval.sequence_scores` in pieces of `piece_len`, and reports the process's peak
-resident memory (ru_maxrss). Fresh processes make the peaks comparable: nothing measured earlier
-in the parent inflates them. The result also states what the window's full logits alone would take,
-the memory a non-chunked evaluation would need on top.
+model (random weights: memory does not depend on their values) and scores one window of that many
+tokens with `lm_eval.sequence_scores` in pieces of `piece_len` tokens, twice: the first pass
+compiles (XLA's compiler has its own, larger, peak); then the process's peak resident set is reset
+(Linux: /proc/self/clear_refs) and the second pass is measured (VmHWM). For contrast the longest
+window is also scored in one piece (`unchunked`): what the evaluation would hold without carrying
+the state between pieces. Where the peak cannot be reset the lifetime peak (ru_maxrss) is reported
+and `method` says so.
 """
 from __future__ import annotations
 
@@ -15,10 +17,26 @@ import json
 import resource
 import subprocess
 import sys
-import time
 from typing import Sequence
 
 from ssmgate.models.config import ModelCfg
+
+
+def _peak_rss_mb() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024.0
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets the peak resident set size (VmHWM), Linux >= 4.0
+        return True
+    except OSError:
+        return False
 
 
 def _child(cfg_json: str, length: int, piece_len: int) -> dict:
@@ -32,27 +50,37 @@ def _child(cfg_json: str, length: int, piece_len: int) -> dict:
     model = build_model(cfg)
     params = model.init(jax.random.PRNGKey(0), np.zeros((1, 8), np.int32))["params"]
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (1, length)).astype(np.int32)
-    start = time.perf_counter()
-    nll, _ = lm_eval.sequence_scores(model, params, tokens, np.ones((1, length - 1), np.float32), piece_len)
-    seconds = time.perf_counter() - start
-    return {"window": length, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-            "seconds_incl_compile": seconds, "mean_nll": float(nll.mean())}
+    weights = np.ones((1, length - 1), np.float32)
+    lm_eval.sequence_scores(model, params, tokens, weights, piece_len)  # compiles
+    reset = _reset_peak()
+    nll, _ = lm_eval.sequence_scores(model, params, tokens, weights, piece_len)
+    return {"window": length, "piece_len": piece_len, "peak_rss_mb": _peak_rss_mb(),
+            "method": "VmHWM after compiling" if reset else "ru_maxrss (lifetime peak, compiler included)",
+            "mean_nll": float(nll.mean())}
+
+
+def _run(cfg_json: str, length: int, piece_len: int) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "ssmgate.programs.lm_memory", cfg_json, str(length), str(piece_len)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"lm_memory: the window of {length} tokens (pieces of {piece_len}) failed:\n"
+                           f"{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def measure(cfg: ModelCfg, lengths: Sequence[int], piece_len: int) -> dict:
-    """{"piece_len", "runs": [{"window", "peak_rss_mb", "seconds_incl_compile", "mean_nll"}], "growth_mb" (last minus
-    first peak), "full_logits_mb" (float32 logits of the longest window, for scale)}."""
+    lengths = list(lengths)
+    """{"piece_len", "runs": [{"window", "peak_rss_mb", "method", "mean_nll"}], "growth_mb" (largest
+    minus smallest peak over the lengths: run-to-run noise of the allocator is some 20 MB),
+    "unchunked": the longest window in one piece, "unchunked_extra_mb" (its peak minus the chunked
+    one of the same window), "full_logits_mb" (float32 logits of the longest window, for scale)}."""
     cfg_json = json.dumps(dataclasses.asdict(cfg))
-    runs = []
-    for length in lengths:
-        proc = subprocess.run([sys.executable, "-m", "ssmgate.programs.lm_memory", cfg_json, str(length),
-                               str(piece_len)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"lm_memory: the window of {length} tokens failed:\n{proc.stderr[-2000:]}")
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    runs = [_run(cfg_json, length, piece_len) for length in lengths]
+    peaks = [r["peak_rss_mb"] for r in runs]
     longest = max(lengths)
-    return {"piece_len": piece_len, "runs": runs,
-            "growth_mb": runs[-1]["peak_rss_mb"] - runs[0]["peak_rss_mb"],
+    unchunked = _run(cfg_json, longest, longest - 1)
+    return {"piece_len": piece_len, "runs": runs, "growth_mb": max(peaks) - min(peaks), "unchunked": unchunked,
+            "unchunked_extra_mb": unchunked["peak_rss_mb"] - peaks[lengths.index(longest)],
             "full_logits_mb": longest * cfg.vocab_size * 4 / 2 ** 20}
 
 
