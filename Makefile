@@ -6,6 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_OUT ?= runs/bench
 SCALE ?= quick
 ONLY ?=
+BFCL_EVAL_VERSION := 2026.3.23
 
 .PHONY: venv test test-slow bench bench-docs reproduce reproduce-docs clean
 
@@ -15,6 +16,8 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,plot,tensorboard]'
+	# BFCL's data files (ssmgate.tasks.bfcl); --no-deps: only its JSON is used, its pins would clash.
+	$(PY) -m pip install --quiet --no-deps bfcl-eval==$(BFCL_EVAL_VERSION)
 	touch $(STAMP)
 
 # The test command of the README (and of .ci/run): the fast suite.
