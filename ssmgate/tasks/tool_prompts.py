@@ -16,7 +16,8 @@ keep what a call needs: the name, the parameter names, their types and which are
 Functions are split into training and held-out ones by a stable hash of the name (all examples of
 one name fall on the same side), so test questions ask for tools never seen as an answer in
 fine-tuning; they still appear as distractors in training pools, as in any retrieval setting.
-Sequences are left-padded with PAD, so the question and answer always sit at the end (a recurrent
+Tokens come from any `ssmgate.tasks.tokenizers` tokenizer (bytes by default; PAD is the
+tokenizer's pad id, or EOS where it has none). Sequences are left-padded with PAD, so the question and answer always sit at the end (a recurrent
 model's state sees the same suffix whatever the pool size), and the loss is on the answer's bytes
 and the EOS only. A training batch is padded to its longest row rounded up to a multiple of
 `quantum` (at most seq_len), so small pools do not pay for the largest; each distinct width
@@ -87,11 +88,20 @@ class ToolData:
     train: list                       # examples whose function is not held out
     test: list
     k_max: int                        # training pools are k ~ U{1..k_max}, built by the main setting
-    seq_len: int                      # the longest model input of a training row
+    seq_len: int                      # the longest model input of a training row (tokens)
     quantum: int = 256                # training rows are padded to a multiple of this
+    tokenizer: object = BYTES         # ssmgate.tasks.tokenizers.Tokenizer
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_id if self.tokenizer.pad_id is not None else self.tokenizer.eos_id
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self.tokenizer.encode(text), np.int32)
 
     def longest(self, k: int) -> int:
-        """An upper bound on the bytes of prompt + answer + EOS with a pool of k tools."""
+        """An upper bound on the bytes of prompt + answer + EOS with a pool of k tools (and on the
+        tokens of a tokenizer whose every token covers at least one byte)."""
         lines = sorted((len(signature(d).encode()) + 1 for d in self.index.docs.values()), reverse=True)
         own = max(len(signature(e.function).encode()) + 1 for e in self.train + self.test)
         tail = max(len(render_prompt(e.question, []).encode()) + len(render_call(e.name, answer_args(e)).encode())
@@ -110,15 +120,15 @@ class ToolData:
         return self
 
 
-def encode_example(prompt: str, answer: str, length: int) -> tuple[np.ndarray, np.ndarray]:
+def encode_example(data: ToolData, prompt: str, answer: str, length: int) -> tuple[np.ndarray, np.ndarray]:
     """(tokens (length,), weights (length,)): PAD..., prompt, answer, EOS; weight 1 on the answer's
-    bytes and the EOS (as targets: the weight of token j scores its prediction from j - 1)."""
-    p = BYTES.encode(prompt)
-    a = np.concatenate([BYTES.encode(answer), [BYTES.eos_id]])
+    tokens and the EOS (as targets: the weight of token j scores its prediction from j - 1)."""
+    p = data.encode(prompt)
+    a = np.concatenate([data.encode(answer), [data.tokenizer.eos_id]]).astype(np.int32)
     n = len(p) + len(a)
     if n > length:
-        raise ValueError(f"an example of {n} bytes does not fit a row of {length}")
-    tokens = np.full(length, BYTES.PAD, np.int32)
+        raise ValueError(f"an example of {n} tokens does not fit a row of {length}")
+    tokens = np.full(length, data.pad_id, np.int32)
     tokens[length - n:] = np.concatenate([p, a])
     weights = np.zeros(length, np.float32)
     weights[length - len(a):] = 1.0
@@ -137,19 +147,19 @@ def sft_batch(data: ToolData, batch: int, seed: int, step: int) -> LMBatch:
         names = tool_pools.main_pool(data.index, ex.question, ex.name, k, rng)
         texts.append((render_prompt(ex.question, pool_docs(data.index, ex, names)),
                       render_call(ex.name, answer_args(ex))))
-    longest = max(len(p.encode()) + len(a.encode()) + 1 for p, a in texts)  # tokens of a row = width + 1
+    longest = max(len(data.encode(p)) + len(data.encode(a)) + 1 for p, a in texts)  # a row: width + 1 tokens
     width = min(-(-(longest - 1) // data.quantum) * data.quantum, data.seq_len)
-    rows, weights = zip(*(encode_example(p, a, width + 1) for p, a in texts))
+    rows, weights = zip(*(encode_example(data, p, a, width + 1) for p, a in texts))
     rows, weights = np.stack(rows), np.stack(weights)
     return LMBatch(rows[:, :-1], rows[:, 1:], weights[:, 1:])
 
 
 def eval_prompts(data: ToolData, examples: Sequence[BfclExample], pools: Sequence[Sequence[str]]) -> np.ndarray:
     """Left-padded prompts (n, L) of the examples with the given pools, L = the longest of them."""
-    encoded = [BYTES.encode(render_prompt(e.question, pool_docs(data.index, e, names)))
+    encoded = [data.encode(render_prompt(e.question, pool_docs(data.index, e, names)))
                for e, names in zip(examples, pools)]
     length = max(len(p) for p in encoded)
-    out = np.full((len(encoded), length), BYTES.PAD, np.int32)
+    out = np.full((len(encoded), length), data.pad_id, np.int32)
     for i, p in enumerate(encoded):
         out[i, length - len(p):] = p
     return out
