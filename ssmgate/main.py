@@ -16,11 +16,11 @@ import sys
 
 from absl import app, flags, logging
 
-from ssmgate.programs import (p1_fig1_flags, p1_horn_flags, p1_kv_flags, p2_lm_flags, p2_state_tracking_flags,
-                              train_lm_flags)
+from ssmgate.programs import (p1_fig1_flags, p1_horn_flags, p1_kv_flags, p1_tools_flags, p2_lm_flags,
+                              p2_state_tracking_flags, train_lm_flags)
 from ssmgate.programs.config_error import ConfigError
 
-PROGRAMS = {"p1_fig1": p1_fig1_flags, "p1_horn": p1_horn_flags, "p1_kv": p1_kv_flags,
+PROGRAMS = {"p1_fig1": p1_fig1_flags, "p1_horn": p1_horn_flags, "p1_kv": p1_kv_flags, "p1_tools": p1_tools_flags,
             "p2_lm": p2_lm_flags, "p2_state_tracking": p2_state_tracking_flags, "train": train_lm_flags}
 
 flags.DEFINE_enum("program", None, sorted(PROGRAMS), "The experiment program to run.")

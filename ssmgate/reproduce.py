@@ -24,7 +24,8 @@ from pathlib import Path
 
 from absl import app, flags
 
-from ssmgate.programs import p1_fig1_report, p1_horn_report, p1_kv_report, p2_lm_report, p2_state_tracking_report
+from ssmgate.programs import (p1_fig1_report, p1_horn_report, p1_kv_report, p1_tools_report, p2_lm_report,
+                              p2_state_tracking_report)
 from ssmgate.train.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,6 +36,7 @@ EXPERIMENTS = {
     "p1_fig1": ("p1", ("fig1a", "fig1b", "fig1c", "fig1d"), p1_fig1_report),
     "p1_kv": ("p1", ("kv_best_first", "kv_best_last", "kv_transformer"), p1_kv_report),
     "p1_horn": ("p1", ("horn_retrieval", "horn_lengen", "horn_transformer"), p1_horn_report),
+    "p1_tools": ("p1", ("tools_pretrain", "tools_sft"), p1_tools_report),
     "p2_state_tracking": ("p2", ("state_tracking_parity", "state_tracking_mod3", "state_tracking_arith"),
                           p2_state_tracking_report),
     "p2_lm": ("p2", ("lm_rope05", "lm_rope0"), p2_lm_report),

@@ -34,12 +34,13 @@ def lm_loss_fn(model, loss: Callable) -> Callable:
     return loss_fn
 
 
-def init_params_fn(model, model_cfg: ModelCfg, seq_len: int = 16) -> Callable:
-    """init(key, offset) -> params, traceable in offset (Mamba-2's gate offset; 0 elsewhere)."""
+def init_params_fn(model, model_cfg: ModelCfg, seq_len: int = 16, base_params=None) -> Callable:
+    """init(key, offset) -> params, traceable in offset (Mamba-2's gate offset; 0 elsewhere): fresh
+    weights, or `base_params` (a pretrained checkpoint's) with the offset applied."""
     tokens = jnp.zeros((1, seq_len), jnp.int32)
 
     def init(key, offset):
-        params = model.init(key, tokens)["params"]
+        params = model.init(key, tokens)["params"] if base_params is None else base_params
         return offset_gates(params, offset) if model_cfg.block == "mamba2" else params
     return init
 
@@ -77,7 +78,7 @@ class Run:
 
 def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sample: Callable | None = None,
               loss: Callable, eval_batches, mesh, mode: str, force_sweep: bool = False,
-              stage: Callable | None = None, host_sample: Callable | None = None) -> Run:
+              stage: Callable | None = None, host_sample: Callable | None = None, base_params=None) -> Run:
     """sample(seed, k) -> batch of step k for a replica seeded `seed` (jittable in k);
     loss(logits, batch) -> (loss, metrics); the evaluation is the mean of loss and metrics over
     the fixed `eval_batches`.
@@ -85,6 +86,9 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
     Host-side data: instead of `sample`, `host_sample(seed, k)` may return the batch as numpy
     arrays (a memory-mapped text corpus, say, too large to live on the device); it is placed on
     the mesh with the batch sharding each step. It must still be a function of (seed, k) only.
+
+    `base_params` (e.g. a pretrained checkpoint's) replace the random initial weights; a replica's
+    gate offset is still added (Mamba-2: A_log += offset, P1's gate scale s = e^offset).
 
     Staged shapes: with `stage(k) -> s` (host-side, a function of k only; s hashable, e.g. a padded
     length or a length bucket) the sampler is `sample(seed, k, s)` with s static. Each stage compiles
@@ -100,7 +104,7 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
     loss_fn = lm_loss_fn(model, loss)
     evaluate = mean_metrics(lambda params, batch: loss_fn(params, batch, None), eval_batches)
     step = make_train_step(loss_fn, tx, compute_dtype=jnp.dtype(model_cfg.dtype))
-    init = init_params_fn(model, model_cfg)
+    init = init_params_fn(model, model_cfg, base_params=base_params)
     is_sweep = len(replicas) > 1 or force_sweep
     if is_sweep:
         make = lambda: sweep.init_sweep(replicas, init, tx)

@@ -11,7 +11,6 @@ Interventions act on Mamba-3 layers only; on another block only the native numbe
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Optional, Sequence
 
 import numpy as np
@@ -21,6 +20,7 @@ from ssmgate.interventions.forward import Intervention, intervened_model
 from ssmgate.models.config import ModelCfg
 from ssmgate.programs import lm_eval, lm_memory
 from ssmgate.tasks import long_context as lc
+from ssmgate.programs.cell_store import CellStore
 from ssmgate.train.run_dir import RunDir, say
 
 PHASE_KINDS = ("phase_removal", "phase_reversal", "phase_shuffle", "decay_permutation")  # SPEC 8.2
@@ -77,30 +77,6 @@ def touches_phase(cfg: ModelCfg) -> bool:
     return cfg.block == "mamba3" and cfg.transition == "native" and cfg.n_rot_pairs > 0
 
 
-class CellStore:
-    """Measured cells, persisted line by line: a resumed evaluation reads them back."""
-
-    def __init__(self, rd: RunDir, digest: str):
-        self.path, self.digest = rd.file(CELLS_FILE), digest
-        self.cells: dict[str, dict] = {}
-        if self.path.is_file():
-            for line in self.path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut by a kill
-                if rec.get("digest") == digest:
-                    self.cells[rec["key"]] = rec["value"]
-
-    def get(self, key: str, measure):
-        if key not in self.cells:
-            value = measure()
-            with open(self.path, "a") as f:
-                f.write(json.dumps({"digest": self.digest, "key": key, "value": value}) + "\n")
-            self.cells[key] = value
-        return self.cells[key]
-
-
 def _window_cell(cfg: ModelCfg, params, books, size: int, ecfg: LongEvalCfg, intervention: Intervention) -> dict:
     model = intervened_model(cfg, intervention)
     out = lm_eval.windowed_ppl(model, params, books, size, score_last=ecfg.score_last, batch=ecfg.batch,
@@ -117,7 +93,7 @@ def evaluate(cfg: ModelCfg, params, books: Sequence[np.ndarray], ecfg: LongEvalC
     """Every part `ecfg` asks for on the eval `books` (token arrays; `eos_id` joins them for the
     position buckets); see the module docstring."""
     ecfg = ecfg.validate()
-    store = CellStore(rd, digest)
+    store = CellStore(rd.file(CELLS_FILE), digest)
     phases = touches_phase(cfg)
 
     def cell(kind: str, size: int, layers=None, last_k=None) -> dict:

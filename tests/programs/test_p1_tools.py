@@ -1,0 +1,125 @@
+"""The `p1_tools` program: gate-scaled replicas of a pretrained model fine-tuned as one sweep on
+tool-calling prompts, decoded and scored at every pool size; resume, bad inputs, the report."""
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from ssmgate.models import lm
+from ssmgate.models.config import ModelCfg
+from ssmgate.programs import lm_runs, p1_tools, p1_tools_report
+from ssmgate.programs.config_error import ConfigError
+from ssmgate.train import loop, mesh as meshlib, optim, sweep
+from ssmgate.train.checkpoint import Checkpointer
+from ssmgate.train.state import TrainState
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ModelCfg(block="mamba2", vocab_size=258, d_model=16, n_layers=1, d_state=8, headdim=8, expand=2)
+
+
+def make_cfg(model=TINY, scales=(0.5, 2.0), init_run="", steps=2):
+    tools = p1_tools.ToolsCfg(k_max=2, seq_len=1024, batch=2, eval_k=(1, 3), weak_betas=(0.05,), weak_k=(3,),
+                              max_new=6, eval_batch=4, max_test=4)
+    return p1_tools.P1ToolsCfg(model=model, optim=optim.OptimCfg(name="adamw", lr=1e-3, total_steps=steps),
+                               tools=tools, loop=loop.LoopCfg(steps, log_every=1, tensorboard=False),
+                               mesh=meshlib.MeshCfg(), gate_scales=scales, init_run=init_run).validate()
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A 'pretraining' run directory: a checkpoint of TINY's parameters, as p2_lm leaves it."""
+    root = tmp_path_factory.mktemp("p1_tools")
+    params = lm.init_params(TINY, jax.random.PRNGKey(3))
+    state = TrainState.create(params, optim.make_optimizer(optim.OptimCfg(name="adamw", lr=1e-3, total_steps=2)),
+                              jax.random.PRNGKey(0))
+    with Checkpointer(root / "pre" / "checkpoints") as c:
+        c.save(5, state, meta={"fingerprint": "pretraining"}, force=True)
+    return root, params
+
+
+@pytest.fixture(scope="module")
+def finished(pretrained):
+    root, _ = pretrained
+    cfg = make_cfg(init_run="pre")
+    return cfg, root / "sft", p1_tools.run(cfg, str(root / "sft"))
+
+
+def test_a_sweep_of_gate_scales_is_trained_decoded_and_scored(finished):
+    cfg, run_dir, s = finished
+    assert s["gate_scales"] == ["0.5", "2"] and s["steps"] == 2 and s["k_max_train"] == 2
+    assert s["n_test"] == 4 and s["n_train"] + len(s["held_out_functions"]) >= 324
+    for metric in ("accuracy", "hallucination", "malformed"):
+        assert set(s[metric]) == {"0.5", "2"} and set(s[metric]["0.5"]) == {"1", "3"}
+        assert all(0.0 <= v <= 1.0 for row in s[metric].values() for v in row.values())
+    assert set(s["weak"]) == {"0.05"} and set(s["weak"]["0.05"]["2"]) == {"3"}
+    assert 0.0 <= s["weak_recall"]["0.05"]["3"] <= 1.0 and s["bm25_recall"]["1"] > 0.5
+    assert all(len(v) == 3 for v in s["samples"]["3"].values())
+    assert (run_dir / p1_tools.CELLS_FILE).read_text().count("\n") == 3  # main k=1, k=3, weak k=3
+    assert s["init_run"].endswith("pre")
+
+
+def test_rerunning_resumes_training_and_measures_nothing_again(finished):
+    cfg, run_dir, first = finished
+    lines = (run_dir / p1_tools.CELLS_FILE).read_text()
+    again = p1_tools.run(cfg, str(run_dir))
+    assert again["resumed_from"] == 2 and again["params_digest"] == first["params_digest"]
+    assert again["accuracy"] == first["accuracy"] and (run_dir / p1_tools.CELLS_FILE).read_text() == lines
+
+
+def test_replicas_start_from_the_pretrained_weights_with_their_gate_scale(pretrained):
+    _, params = pretrained
+    replicas = [sweep.Replica(0, 1e-3, math.log(s)) for s in (0.25, 4.0)]
+    built = lm_runs.build_run(TINY, optim.OptimCfg(name="adamw", lr=1e-3, total_steps=2), replicas,
+                              loss=p1_tools.text_loss, eval_batches=[], mesh=meshlib.make_mesh(meshlib.MeshCfg()),
+                              mode="replicated", force_sweep=True, base_params=params,
+                              host_sample=lambda seed, k: None)
+    start = built.init_state().train.params
+    a_log = params["layers_0"]["mixer"]["A_log"]
+    for r, s in enumerate((0.25, 4.0)):
+        np.testing.assert_allclose(start["layers_0"]["mixer"]["A_log"][r], a_log + math.log(s), rtol=1e-6)
+        np.testing.assert_array_equal(start["embed"]["embedding"][r], params["embed"]["embedding"])
+
+
+def test_bad_inputs_name_what_is_wrong(pretrained, tmp_path):
+    root, _ = pretrained
+    with pytest.raises(ConfigError, match="expected scales s > 0"):
+        make_cfg(scales=(0.0, 1.0))
+    with pytest.raises(ConfigError, match="takes only --gate_scales=1"):
+        make_cfg(model=dataclasses.replace(TINY, block="llama", n_heads=2, mlp="swiglu"))
+    with pytest.raises(ConfigError, match="--tools_k_max=0"):
+        dataclasses.replace(make_cfg(), tools=dataclasses.replace(make_cfg().tools, k_max=0)).validate()
+    with pytest.raises(ConfigError, match="holds no checkpoints"):
+        p1_tools.run(make_cfg(init_run=str(tmp_path / "nothing")), str(tmp_path / "sft"))
+    wider = dataclasses.replace(TINY, d_model=32)
+    with pytest.raises(ConfigError, match="do not fit the model flags"):
+        p1_tools.run(make_cfg(model=wider, init_run=str(root / "pre")), str(tmp_path / "sft2"))
+
+
+def test_the_report_section(finished, tmp_path):
+    cfg, run_dir, s = finished
+    fake = json.loads(json.dumps(s))
+    fake["gate_scales"] = ["0.06", "16"]
+    for metric in ("accuracy", "hallucination", "malformed"):
+        fake[metric] = {"0.06": fake[metric]["0.5"], "16": fake[metric]["2"]}
+    fake["accuracy"]["0.06"]["3"], fake["accuracy"]["16"]["3"] = 0.3, 0.2
+    fake["hallucination"]["0.06"]["3"], fake["hallucination"]["16"]["3"] = 0.3, 0.5
+    fake["weak"] = {b: {"0.06": row["0.5"], "16": row["2"]} for b, row in fake["weak"].items()}
+    entry, md = p1_tools_report.build({"tools_sft": fake}, "quick", {}, {}, tmp_path, run_dir.parent)
+    assert entry["checks"] == {"weak_gate_accuracy_above_strong_at_k3": True,
+                               "hallucination_s16_above_s0.06_at_k3": True}
+    assert entry["accuracy"]["0.06"]["3"] == 0.3 and (tmp_path / "p1_tools.png").exists()
+    assert "| s | accuracy at k=3 |" in md and "Runs without a summary (failed or not run): tools_pretrain" in md
+
+
+def test_flag_files_dry_run():
+    for path in ("experiments/p1/tools_sft.flags", "experiments/p1/cpu/tools_sft.flags"):
+        res = subprocess.run([sys.executable, "-m", "ssmgate.main", f"--flagfile={path}", "--dry_run"], cwd=REPO,
+                             capture_output=True, text=True)
+        assert res.returncode == 0, (path, res.stderr[-2000:])
+        assert "gate scales: 0.06, 0.12, 0.25, 1, 4, 8, 16 (one vmapped sweep)" in res.stdout
