@@ -41,7 +41,11 @@ class ToolIndex:
     """BM25 over a shared pool of function documents (deduplicated by name, first one kept)."""
 
     def __init__(self, docs: Sequence[dict]):
+        import logging
+
         import bm25s  # the retriever library; imported here so the rest of ssmgate does not need it
+
+        logging.getLogger("bm25s").setLevel(logging.WARNING)  # its INFO line per index is noise in a run's log
 
         self.docs: dict[str, dict] = {}
         for doc in docs:

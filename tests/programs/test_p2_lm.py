@@ -185,6 +185,7 @@ def test_corpus_specs():
         text_corpus.open_corpus("pg19:/nonexistent/pg19", "test")
 
 
+@pytest.mark.slow  # three fresh processes (~20 s); the cpu-scale report measures the same at 65K tokens
 def test_a_long_window_does_not_need_more_memory_than_a_short_one():
     mem = lm_memory.measure(TINY, (512, 65_536), 512)
     assert [r["window"] for r in mem["runs"]] == [512, 65_536] and mem["unchunked"]["piece_len"] == 65_535
