@@ -163,12 +163,9 @@ def describe(cfg: P1ToolsCfg) -> str:
 
 
 def _score(outputs, examples, pools) -> dict:
-    calls = [bfcl_checker.parse_call(o) for o in outputs]
-    correct = [bfcl_checker.check_call(c, e.function, e.answer).correct for c, e in zip(calls, examples)]
-    halluc = [bfcl_checker.is_hallucination(c, pool) for c, pool in zip(calls, pools)]
-    return {"accuracy": float(np.mean(correct)), "hallucination": float(np.mean(halluc)),
-            "malformed": float(np.mean([c is None for c in calls])),
-            "recall": float(np.mean([e.name in pool for e, pool in zip(examples, pools)]))}
+    """The checker's accuracy, hallucination and malformed rates, and how often the pool held the tool."""
+    got = bfcl_checker.score(outputs, [e.function for e in examples], [e.answer for e in examples], pools)
+    return {**got, "recall": float(np.mean([e.name in pool for e, pool in zip(examples, pools)]))}
 
 
 def evaluate(cfg: P1ToolsCfg, model, params_stacked, data: tpr.ToolData, store: CellStore) -> dict:
@@ -178,6 +175,8 @@ def evaluate(cfg: P1ToolsCfg, model, params_stacked, data: tpr.ToolData, store: 
     scales = [_key(s) for s in cfg.gate_scales]
 
     def cell(setting: str, k: int, beta: Optional[float]):
+        k = min(k, len(data.index))
+
         def measure():
             rng = np.random.default_rng([cfg.seed, k, 0 if beta is None else int(round(beta * 1000)) + 1])
             if beta is None:
@@ -195,7 +194,6 @@ def evaluate(cfg: P1ToolsCfg, model, params_stacked, data: tpr.ToolData, store: 
                     outputs[r] += [data.tokenizer.decode(row) for row in lm_decode.until_eos(tokens[r], eos)]
             return {"scores": {s: _score(outputs[r], examples, pools) for r, s in enumerate(scales)},
                     "samples": {s: outputs[r][:3] for r, s in enumerate(scales)}}
-        k = min(k, len(data.index))
         return store.get(f"{setting}|{k}", measure)
 
     out = {"accuracy": {s: {} for s in scales}, "hallucination": {s: {} for s in scales},
