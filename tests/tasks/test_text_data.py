@@ -321,3 +321,16 @@ def test_embedded_corpus_to_batches_end_to_end():
     assert tok.decode(stream[:first_eos]) == docs[0]
     batch = tp.batch_at(stream, 128, 8, seed=0, step=3)
     assert batch.inputs.shape == (8, 128) and int(batch.inputs.max()) < tok.vocab_size
+
+
+def test_the_pg19_folder_builder_prepares_what_the_folder_reader_reads(tmp_path):
+    from ssmgate.tasks import pg19_builder
+
+    root = make_pg19(tmp_path / "pg19")
+    spec = pg19_builder.prepare(root, tmp_path / "tfds")
+    assert spec == "tfds:pg19_folder#book_text"
+    for split in tc.SPLITS:
+        direct = sorted(b.text for b in tc.pg19_folder(root, split))
+        assert sorted(tc.open_corpus(spec, split, data_dir=tmp_path / "tfds")) == direct
+    with pytest.raises(ValueError, match="root=<the local PG-19 folder> is needed"):
+        pg19_builder.Pg19Folder(data_dir=str(tmp_path / "other"), file_format="array_record").download_and_prepare()
