@@ -13,11 +13,14 @@
 3. Evaluation on the held-out functions' questions: greedy decoding of each replica at every pool
    size of `--tools_eval_k` (main setting) and, for every strength of `--weak_betas`, at
    `--weak_eval_k` with the weak Plackett–Luce retriever (no injection); every output scored by
-   the BFCL checker (accuracy) and the out-of-pool hallucination counter (`tasks.bfcl_checker`).
-   Each (setting, k) cell is kept in `tools_eval_cells.jsonl`, so a killed evaluation resumes.
+   the BFCL checker (accuracy) and the out-of-pool hallucination counter (`tasks.bfcl_checker`),
+   and read leniently for tool choice alone (the function an output starts to call: right name,
+   name outside the pool). Each (setting, k) cell keeps its pools and outputs in
+   `tools_eval_cells.jsonl`, so a killed evaluation resumes and scores are recomputed from them.
 
 summary.json: "gate_scales", "accuracy" {s: {k: value}}, "hallucination" {s: {k}}, "malformed"
-{s: {k}}, "weak" {beta: {s: {k}}} (accuracy), "weak_hallucination" {beta: {s: {k}}},
+{s: {k}}, "name_accuracy" {s: {k}}, "name_out_of_pool" {s: {k}}, "weak" {beta: {s: {k}}} (accuracy),
+"weak_hallucination" {beta: {s: {k}}}, "weak_name_accuracy" {beta: {s: {k}}},
 "weak_recall" {beta: {k}}, "bm25_recall" {k}, "samples" (a few outputs), "n_test", "n_train",
 "held_out_functions", "steps", "wall_s", "train_wall_s", "params_digest".
 """
@@ -168,8 +171,13 @@ def _score(outputs, examples, pools) -> dict:
     return {**got, "recall": float(np.mean([e.name in pool for e, pool in zip(examples, pools)]))}
 
 
+STRICT, LENIENT = ("accuracy", "hallucination", "malformed"), ("name_accuracy", "name_out_of_pool")
+
+
 def evaluate(cfg: P1ToolsCfg, model, params_stacked, data: tpr.ToolData, store: CellStore) -> dict:
-    """Every (setting, k) cell: per replica accuracy, hallucination and malformed rates."""
+    """Every (setting, k) cell: per replica the checker's rates (STRICT) and the lenient tool-choice
+    rates (LENIENT). A cell stores its pools and every decoded output, so scores are recomputed from
+    them and a new metric never needs a new decoding."""
     t = cfg.tools
     examples = data.test[:t.max_test] if t.max_test else data.test
     scales = [_key(s) for s in cfg.gate_scales]
@@ -192,32 +200,33 @@ def evaluate(cfg: P1ToolsCfg, model, params_stacked, data: tpr.ToolData, store: 
                 tokens = lm_decode.greedy(model, params_stacked, prompts, t.max_new, eos, replicas=True)
                 for r in range(len(scales)):
                     outputs[r] += [data.tokenizer.decode(row) for row in lm_decode.until_eos(tokens[r], eos)]
-            return {"scores": {s: _score(outputs[r], examples, pools) for r, s in enumerate(scales)},
-                    "samples": {s: outputs[r][:3] for r, s in enumerate(scales)}}
-        return store.get(f"{setting}|{k}", measure)
+            return {"pools": [list(p) for p in pools], "outputs": dict(zip(scales, outputs))}
+        got = store.get(f"v2|{setting}|{k}", measure)
+        return got, {s: _score(got["outputs"][s], examples, got["pools"]) for s in scales}
 
-    out = {"accuracy": {s: {} for s in scales}, "hallucination": {s: {} for s in scales},
-           "malformed": {s: {} for s in scales}, "weak": {}, "weak_hallucination": {}, "weak_recall": {},
-           "bm25_recall": {}, "samples": {}}
+    out = {m: {s: {} for s in scales} for m in STRICT + LENIENT}
+    out.update({"weak": {}, "weak_hallucination": {}, "weak_name_accuracy": {}, "weak_recall": {},
+                "bm25_recall": {}, "samples": {}})
     for k in t.eval_k:
-        got = cell("main", k, None)
+        got, scores = cell("main", k, None)
         for s in scales:
-            for metric in ("accuracy", "hallucination", "malformed"):
-                out[metric][s][str(k)] = got["scores"][s][metric]
+            for metric in STRICT + LENIENT:
+                out[metric][s][str(k)] = scores[s][metric]
         out["bm25_recall"][str(k)] = tool_pools.bm25_recall(data.index, [e.question for e in examples],
                                                             [e.name for e in examples], min(k, len(data.index)))
-        out["samples"][str(k)] = got["samples"]
+        out["samples"][str(k)] = {s: got["outputs"][s][:3] for s in scales}
     for beta in t.weak_betas:
         b = f"{beta:g}"
-        out["weak"][b] = {s: {} for s in scales}
-        out["weak_hallucination"][b] = {s: {} for s in scales}
+        for name in ("weak", "weak_hallucination", "weak_name_accuracy"):
+            out[name][b] = {s: {} for s in scales}
         out["weak_recall"][b] = {}
         for k in t.weak_k:
-            got = cell(f"weak{b}", k, beta)
+            _, scores = cell(f"weak{b}", k, beta)
             for s in scales:
-                out["weak"][b][s][str(k)] = got["scores"][s]["accuracy"]
-                out["weak_hallucination"][b][s][str(k)] = got["scores"][s]["hallucination"]
-            out["weak_recall"][b][str(k)] = got["scores"][scales[0]]["recall"]
+                out["weak"][b][s][str(k)] = scores[s]["accuracy"]
+                out["weak_hallucination"][b][s][str(k)] = scores[s]["hallucination"]
+                out["weak_name_accuracy"][b][s][str(k)] = scores[s]["name_accuracy"]
+            out["weak_recall"][b][str(k)] = scores[scales[0]]["recall"]
     return out
 
 
@@ -296,6 +305,7 @@ def run(cfg: P1ToolsCfg, run_dir: str) -> dict:
         plot_curves(rd, names=("loss", "accuracy"), labels=labels)
     k_top = str(max(t.eval_k))
     say("[p1_tools] at k=" + k_top + ": " + "; ".join(
-        f"s={s} acc {evals['accuracy'][s][k_top]:.3f} halluc {evals['hallucination'][s][k_top]:.3f}"
+        f"s={s} acc {evals['accuracy'][s][k_top]:.3f} halluc {evals['hallucination'][s][k_top]:.3f} "
+        f"name {evals['name_accuracy'][s][k_top]:.3f}"
         for s in summary["gate_scales"]))
     return summary

@@ -34,8 +34,8 @@ def collect(runs: dict) -> dict:
     sft = runs.get("tools_sft")
     if sft is None:
         return {}
-    keys = ("gate_scales", "accuracy", "hallucination", "malformed", "weak", "weak_hallucination", "weak_recall",
-            "bm25_recall", "n_train", "n_test", "steps")
+    keys = ("gate_scales", "accuracy", "hallucination", "malformed", "name_accuracy", "name_out_of_pool", "weak",
+            "weak_hallucination", "weak_name_accuracy", "weak_recall", "bm25_recall", "n_train", "n_test", "steps")
     entry = {k: sft[k] for k in keys if k in sft}
     pre = runs.get("tools_pretrain")
     if pre is not None:
@@ -59,19 +59,21 @@ def checks(entry: dict) -> dict:
 
 def _figure(entry: dict, path: Path, k_max_train) -> None:
     weak = entry.get("weak", {})
-    panels = 2 + len(weak)
+    main_panels = [("accuracy", "accuracy (BFCL checker)"), ("hallucination", "out-of-pool hallucination")]
+    if "name_accuracy" in entry:
+        main_panels.append(("name_accuracy", "right function named (lenient)"))
+    panels = len(main_panels) + len(weak)
     plt = pyplot()
     fig, axes = plt.subplots(1, panels, figsize=(4.3 * panels, 3.5), squeeze=False)
     cmap = plt.get_cmap("coolwarm")
     scales = entry["gate_scales"]
     colour = {s: cmap(i / max(len(scales) - 1, 1)) for i, s in enumerate(scales)}
-    for ax, (metric, title) in zip(axes[0], (("accuracy", "accuracy (BFCL checker)"),
-                                            ("hallucination", "out-of-pool hallucination"))):
+    for ax, (metric, title) in zip(axes[0], main_panels):
         for s in scales:
             ks, v = _curve(entry[metric][s])
             ax.plot(ks, v, marker="o", ms=3, color=colour[s], label=f"s={s}")
         ax.set(xlabel="pool size k", title=f"{title}, main setting")
-    for ax, (beta, table_sk) in zip(axes[0][2:], weak.items()):
+    for ax, (beta, table_sk) in zip(axes[0][len(main_panels):], weak.items()):
         for s in scales:
             ks, v = _curve(table_sk[s])
             ax.plot(ks, v, marker="o", ms=3, color=colour[s])
@@ -103,9 +105,13 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
     lines += [f"Fine-tuned on tool-calling prompts of {entry['n_train']} BFCL python-simple questions; evaluated on "
               f"the {entry['n_test']} questions of held-out functions (never an answer in fine-tuning). Gate scale s "
               "applied to the pretrained model before fine-tuning (A_log += log s). Accuracy: the BFCL checker on "
-              "the whole call; hallucination: a valid call to a function not in the pool.", "",
-              table(["s", f"accuracy at k={k}", f"hallucination at k={k}", f"malformed at k={k}"],
-                    [[s, entry["accuracy"][s][k], entry["hallucination"][s][k], entry["malformed"][s][k]]
+              "the whole call; hallucination: a valid call to a function not in the pool; malformed: not one "
+              "valid call. Read leniently (the function an output starts to call, valid or not): right name, and "
+              "a name outside the pool.", "",
+              table(["s", f"accuracy at k={k}", f"hallucination at k={k}", f"malformed at k={k}",
+                     f"right name at k={k}", f"name outside pool at k={k}"],
+                    [[s, entry["accuracy"][s][k], entry["hallucination"][s][k], entry["malformed"][s][k],
+                      entry.get("name_accuracy", {}).get(s, {}).get(k), entry.get("name_out_of_pool", {}).get(s, {}).get(k)]
                      for s in entry["gate_scales"]]),
               "The paper at k = 72 (SPEC 5.3, readings of Fig 4):", "",
               table(["group", "accuracy", "hallucination"], [[g, *v] for g, v in PAPER_AT_72.items()])]

@@ -206,19 +206,38 @@ def is_hallucination(call: Call | None, pool_names: Collection[str]) -> bool:
     return call is not None and call.name not in pool_names
 
 
+_LEADING_NAME = re.compile(r"\s*\[?\s*([A-Za-z_][\w.]*)\s*\(")
+
+
+def called_name(text: str) -> str | None:
+    """The function a possibly malformed output starts to call (`[name(` or `name(`), else None.
+    A lenient reading for models too small to finish a valid call: it measures tool choice alone."""
+    call = parse_call(text)
+    if call is not None:
+        return call.name
+    m = _LEADING_NAME.match(text)
+    return m.group(1) if m else None
+
+
 def score(outputs: Sequence[str], function_docs: Sequence[dict], possible_answers: Sequence[dict],
           pools: Sequence[Collection[str]]) -> dict:
-    """Fractions of outputs that are correct, hallucinated and malformed, over n examples."""
+    """Fractions of outputs that are correct, hallucinated and malformed, over n examples; and, read
+    leniently by `called_name`, how often the right function was named (`name_accuracy`) and how
+    often a name outside the pool was (`name_out_of_pool`)."""
     n = len(outputs)
     if not n == len(function_docs) == len(possible_answers) == len(pools):
         raise ValueError(f"score needs one function, answer and pool per output; got {n} outputs, "
                          f"{len(function_docs)} functions, {len(possible_answers)} answers, {len(pools)} pools")
     if n == 0:
         raise ValueError("score needs at least one output")
-    correct = hallucinated = malformed = 0
+    correct = hallucinated = malformed = right_name = out_of_pool = 0
     for text, doc, answer, pool in zip(outputs, function_docs, possible_answers, pools):
         call = parse_call(text)
         correct += check_call(call, doc, answer).correct
         hallucinated += is_hallucination(call, pool)
         malformed += call is None
-    return {"accuracy": correct / n, "hallucination": hallucinated / n, "malformed": malformed / n, "n": n}
+        name = called_name(text)
+        right_name += name == _one_function(doc)["name"]
+        out_of_pool += name is not None and name not in pool
+    return {"accuracy": correct / n, "hallucination": hallucinated / n, "malformed": malformed / n,
+            "name_accuracy": right_name / n, "name_out_of_pool": out_of_pool / n, "n": n}

@@ -54,13 +54,18 @@ def test_a_sweep_of_gate_scales_is_trained_decoded_and_scored(finished):
     cfg, run_dir, s = finished
     assert s["gate_scales"] == ["0.5", "2"] and s["steps"] == 2 and s["k_max_train"] == 2
     assert s["n_test"] == 4 and s["n_train"] + len(s["held_out_functions"]) >= 324
-    for metric in ("accuracy", "hallucination", "malformed"):
+    for metric in p1_tools.STRICT + p1_tools.LENIENT:
         assert set(s[metric]) == {"0.5", "2"} and set(s[metric]["0.5"]) == {"1", "3"}
         assert all(0.0 <= v <= 1.0 for row in s[metric].values() for v in row.values())
     assert set(s["weak"]) == {"0.05"} and set(s["weak"]["0.05"]["2"]) == {"3"}
     assert 0.0 <= s["weak_recall"]["0.05"]["3"] <= 1.0 and s["bm25_recall"]["1"] > 0.5
     assert all(len(v) == 3 for v in s["samples"]["3"].values())
-    assert (run_dir / p1_tools.CELLS_FILE).read_text().count("\n") == 3  # main k=1, k=3, weak k=3
+    cells = [json.loads(line) for line in (run_dir / p1_tools.CELLS_FILE).read_text().splitlines()]
+    assert [c["key"] for c in cells] == ["v2|main|1", "v2|main|3", "v2|weak0.05|3"]
+    kept = cells[1]["value"]     # every output and pool kept: the scores are recomputed from them
+    assert len(kept["pools"]) == 4 and all(len(p) == 3 for p in kept["pools"])
+    assert kept["outputs"]["2"][:3] == s["samples"]["3"]["2"] and len(kept["outputs"]["0.5"]) == 4
+    assert all(n >= a for n, a in zip(s["name_accuracy"]["2"].values(), s["accuracy"]["2"].values()))
     assert s["init_run"].endswith("pre")
 
 
@@ -105,7 +110,7 @@ def test_the_report_section(finished, tmp_path):
     cfg, run_dir, s = finished
     fake = json.loads(json.dumps(s))
     fake["gate_scales"] = ["0.06", "16"]
-    for metric in ("accuracy", "hallucination", "malformed"):
+    for metric in p1_tools.STRICT + p1_tools.LENIENT:
         fake[metric] = {"0.06": fake[metric]["0.5"], "16": fake[metric]["2"]}
     fake["accuracy"]["0.06"]["3"], fake["accuracy"]["16"]["3"] = 0.3, 0.2
     fake["hallucination"]["0.06"]["3"], fake["hallucination"]["16"]["3"] = 0.3, 0.5

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from ssmgate.tasks.bfcl_checker import Call, CheckResult, check_call, is_hallucination, parse_call, score
+from ssmgate.tasks.bfcl_checker import (Call, CheckResult, called_name, check_call, is_hallucination, parse_call,
+                                       score)
 
 TRIANGLE = {"name": "calculate_triangle_area", "description": "Area of a triangle.",
             "parameters": {"type": "dict", "required": ["base", "height"], "properties": {
@@ -191,6 +192,13 @@ def test_is_hallucination():
     assert not is_hallucination(parse_call("math.factorial(number=5)"), pool)               # in pool, wrong
 
 
+def test_called_name_reads_unfinished_calls():
+    assert called_name("[math.factorial(number=5)]") == "math.factorial"
+    assert called_name("  [ get_x (a='unterminated") == "get_x"
+    assert called_name("get_x(a=1, 2)") == "get_x"          # malformed but the name is plain
+    assert called_name("I would call get_x(") is None and called_name("") is None and called_name("[1(") is None
+
+
 def test_score():
     pool = {"calculate_triangle_area", "math.factorial"}
     outputs = ["[calculate_triangle_area(base=10, height=5)]",     # correct
@@ -199,7 +207,12 @@ def test_score():
                "calculate_triangle_area(10, 5)"]                   # malformed
     n = len(outputs)
     got = score(outputs, [TRIANGLE] * n, [TRIANGLE_ANSWER] * n, [pool] * n)
-    assert got == {"accuracy": 0.25, "hallucination": 0.25, "malformed": 0.25, "n": 4}
+    assert got == {"accuracy": 0.25, "hallucination": 0.25, "malformed": 0.25, "name_accuracy": 0.75,
+                   "name_out_of_pool": 0.25, "n": 4}
+    lenient = score(["[calculate_triangle_area(base=10, height=", "[area(x=", "hello"], [TRIANGLE] * 3,
+                    [TRIANGLE_ANSWER] * 3, [pool] * 3)
+    assert lenient["malformed"] == 1.0 and lenient["hallucination"] == 0.0
+    assert lenient["name_accuracy"] == pytest.approx(1 / 3) and lenient["name_out_of_pool"] == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="3 pools"):
         score(outputs, [TRIANGLE] * n, [TRIANGLE_ANSWER] * n, [pool] * 3)
     with pytest.raises(ValueError, match="at least one"):
