@@ -20,9 +20,11 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --no-deps bfcl-eval==$(BFCL_EVAL_VERSION)
 	touch $(STAMP)
 
-# The test command of the README (and of .ci/run): the fast suite.
+# The test command of the README (and of .ci/run): the fast suite, one file per worker process
+# (the suite is mostly XLA compilation, single-threaded: two workers take 11 minutes on 2 cores, one 14).
+TEST_WORKERS ?= 2
 test: venv
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # Long reproductions and large-size checks.
 test-slow: venv
