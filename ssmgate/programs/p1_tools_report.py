@@ -61,7 +61,8 @@ def _figure(entry: dict, path: Path, k_max_train) -> None:
     weak = entry.get("weak", {})
     main_panels = [("accuracy", "accuracy (BFCL checker)"), ("hallucination", "out-of-pool hallucination")]
     if "name_accuracy" in entry:
-        main_panels.append(("name_accuracy", "right function named (lenient)"))
+        main_panels += [("name_accuracy", "right function named (lenient)"),
+                        ("name_out_of_pool", "name outside the pool (lenient)")]
     panels = len(main_panels) + len(weak)
     plt = pyplot()
     fig, axes = plt.subplots(1, panels, figsize=(4.3 * panels, 3.5), squeeze=False)
