@@ -21,7 +21,7 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	touch $(STAMP)
 
 # The test command of the README (and of .ci/run): the fast suite, one file per worker process
-# (the suite is mostly XLA compilation, single-threaded: two workers take 11 minutes on 2 cores, one 14).
+# (the suite is mostly XLA compilation, single-threaded: two workers take 10 minutes on 2 cores, one 14).
 TEST_WORKERS ?= 2
 test: venv
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
