@@ -213,8 +213,10 @@ def called_name(text: str) -> str | None:
     """The function a possibly malformed output starts to call (`[name(` or `name(`), else None.
     A lenient reading for models too small to finish a valid call: it measures tool choice alone."""
     call = parse_call(text)
-    if call is not None:
-        return call.name
+    return call.name if call is not None else _leading_name(text)
+
+
+def _leading_name(text: str) -> str | None:
     m = _LEADING_NAME.match(text)
     return m.group(1) if m else None
 
@@ -236,7 +238,7 @@ def score(outputs: Sequence[str], function_docs: Sequence[dict], possible_answer
         correct += check_call(call, doc, answer).correct
         hallucinated += is_hallucination(call, pool)
         malformed += call is None
-        name = called_name(text)
+        name = call.name if call is not None else _leading_name(text)   # called_name, parsed once
         right_name += name == _one_function(doc)["name"]
         out_of_pool += name is not None and name not in pool
     return {"accuracy": correct / n, "hallucination": hallucinated / n, "malformed": malformed / n,
