@@ -21,6 +21,7 @@ flags.DEFINE_integer("l_max0", 40, "Curriculum: longest training length at step 
 flags.DEFINE_integer("l_max1", 160, "Curriculum: longest training length after the ramp.")
 flags.DEFINE_integer("ramp_steps", None, "Curriculum: steps over which the longest length grows (default: SPEC 6.2 "
                      "per task, 6000 parity/mod 3, 10000 arithmetic).")
+flags.DEFINE_integer("hold_steps", 0, "Curriculum: steps at --l_max0 before the ramp starts (0 = SPEC 6.2).")
 flags.DEFINE_integer("len_quantum", 32, "Training batches are padded to the smallest multiple of this that holds "
                      "the curriculum's longest length (one compilation per width; 0 = always --l_max1).")
 flags.DEFINE_integer("val_n", 2048, "Validation sequences (test length, own seed) that choose the learning rate.")
@@ -38,7 +39,8 @@ def config_from_flags() -> p2.StateTrackingCfg:
     ramp = FLAGS.ramp_steps if FLAGS.ramp_steps is not None else st.PAPER_RAMP_STEPS[task]
     try:
         data = st.StateTrackDataCfg(task=task, batch=batch, max_len=FLAGS.l_max1, L_min=FLAGS.l_min,
-                                    L_max0=FLAGS.l_max0, L_max1=FLAGS.l_max1, ramp_steps=ramp).validate()
+                                    L_max0=FLAGS.l_max0, L_max1=FLAGS.l_max1, ramp_steps=ramp,
+                                    hold_steps=FLAGS.hold_steps).validate()
         test_lens = tuple(int(v) for v in FLAGS.test_lens)
     except ValueError as e:
         raise ConfigError(_flag_message(str(e))) from None
@@ -53,7 +55,7 @@ def config_from_flags() -> p2.StateTrackingCfg:
 
 
 _FIELD_FLAGS = {"L_min": "l_min", "L_max0": "l_max0", "L_max1": "l_max1", "ramp_steps": "ramp_steps",
-                "batch": "batch", "max_len": "l_max1"}
+                "batch": "batch", "max_len": "l_max1", "hold_steps": "hold_steps"}
 
 
 def _flag_message(message: str) -> str:

@@ -85,7 +85,9 @@ class StateTrackDataCfg:
     task: parity | mod3 | arith. batch: sequences per step. max_len: every training sequence is padded
     to this many tokens, so a batch's arrays are (batch, max_len - 1) at every step (static shapes).
     Curriculum (SPEC §6.2): the length is drawn from U{L_min .. L_max(step)} (odd lengths only for
-    arith), L_max growing linearly from L_max0 to L_max1 over ramp_steps steps, then fixed.
+    arith), L_max growing linearly from L_max0 to L_max1 over ramp_steps steps, then fixed. hold_steps
+    (0 in the SPEC's protocol) keeps L_max at L_max0 that many steps before the ramp starts: short
+    CPU runs use it to give the rotation time to be found on the shortest sequences first.
     """
 
     task: str = "parity"
@@ -95,6 +97,7 @@ class StateTrackDataCfg:
     L_max0: int = 40
     L_max1: int = 160
     ramp_steps: int = 6000
+    hold_steps: int = 0
 
     @classmethod
     def paper(cls, task: str, **overrides) -> "StateTrackDataCfg":
@@ -104,7 +107,7 @@ class StateTrackDataCfg:
 
     def validate(self) -> "StateTrackDataCfg":
         _check_task(self.task)
-        for name in ("batch", "max_len", "L_min", "L_max0", "L_max1", "ramp_steps"):
+        for name in ("batch", "max_len", "L_min", "L_max0", "L_max1", "ramp_steps", "hold_steps"):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
                 raise ValueError(f"{name}={v!r}: expected an int")
@@ -125,6 +128,8 @@ class StateTrackDataCfg:
                              "(the padded length must hold the longest sequence)")
         if self.ramp_steps < 0:
             raise ValueError(f"ramp_steps={self.ramp_steps}: expected >= 0 (0 = no ramp, L_max1 from step 0)")
+        if self.hold_steps < 0:
+            raise ValueError(f"hold_steps={self.hold_steps}: expected >= 0 (0 = the ramp starts at step 0)")
         if (self.L_max1 - self.L_max0) * self.ramp_steps >= 2**31:
             raise ValueError(f"ramp_steps={self.ramp_steps}: expected (L_max1 - L_max0) * ramp_steps < 2**31 "
                              "(the schedule is computed in int32)")
@@ -132,11 +137,13 @@ class StateTrackDataCfg:
 
 
 def curriculum_max_len(cfg: StateTrackDataCfg, step):
-    """L_max(step) = L_max0 + floor((L_max1 - L_max0) min(step, ramp_steps) / ramp_steps) (SPEC §6.2);
-    int32, jittable in `step`. ramp_steps = 0 gives L_max1 at every step."""
+    """L_max(step) = L_max0 + floor((L_max1 - L_max0) clip(step - hold_steps, 0, ramp_steps) / ramp_steps)
+    (SPEC §6.2 with hold_steps = 0); int32, jittable in `step`. ramp_steps = 0 gives L_max0 during the
+    hold and L_max1 after it."""
+    step = jnp.asarray(step, jnp.int32) - cfg.hold_steps
     if cfg.ramp_steps == 0:
-        return jnp.asarray(cfg.L_max1, jnp.int32)
-    s = jnp.clip(jnp.asarray(step, jnp.int32), 0, cfg.ramp_steps)
+        return jnp.where(step < 0, cfg.L_max0, cfg.L_max1).astype(jnp.int32)
+    s = jnp.clip(step, 0, cfg.ramp_steps)
     return (cfg.L_max0 + (cfg.L_max1 - cfg.L_max0) * s // cfg.ramp_steps).astype(jnp.int32)
 
 

@@ -91,6 +91,7 @@ def test_paper_flag_files_dry_run_and_bad_flags_name_themselves():
     for extra, message in ((["--task=copy"], "--task=copy: expected one of parity, mod3, arith"),
                            (["--task=parity", "--models=gru"], "--models=gru: expected some of"),
                            (["--task=arith", "--l_min=4"], "--l_min=4"),
-                           (["--task=parity", "--l_max0=200"], "--l_max1=160: expected >= L_max0 = 200")):
+                           (["--task=parity", "--l_max0=200"], "--l_max1=160: expected >= L_max0 = 200"),
+                           (["--task=mod3", "--hold_steps=-1"], "--hold_steps=-1: expected >= 0")):
         res = run_main(*base, *extra)
         assert res.returncode != 0 and message in res.stderr, (extra, res.stderr[-1500:])

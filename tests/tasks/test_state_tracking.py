@@ -1,4 +1,5 @@
 """The P2 state-tracking generators and metrics (SPEC §6.1, §6.2) and checks C16, C20 (SPEC §9)."""
+import dataclasses
 import functools
 
 import jax
@@ -49,6 +50,7 @@ def test_paper_cfg_follows_spec():
     (dict(L_max1=30), r"L_max1=30: expected >= L_max0 = 40"),
     (dict(max_len=100), r"max_len=100: expected >= L_max1 = 160"),
     (dict(ramp_steps=-1), r"ramp_steps=-1: expected >= 0"),
+    (dict(hold_steps=-2), r"hold_steps=-2: expected >= 0"),
     (dict(batch=2.0), r"batch=2.0: expected an int"),
     (dict(ramp_steps=10**8), r"ramp_steps=100000000: expected \(L_max1 - L_max0\) \* ramp_steps < 2\*\*31"),
 ])
@@ -138,6 +140,20 @@ def test_curriculum_schedule():
     assert np.all(np.diff(lmax) >= 0) and lmax[0] == 40 and lmax[-1] == 160
     assert int(st.curriculum_max_len(st.StateTrackDataCfg.paper("arith"), 5000)) == 100
     assert int(st.curriculum_max_len(st.StateTrackDataCfg(ramp_steps=0), 0)) == 160
+
+
+def test_curriculum_hold_delays_the_ramp():
+    cfg = st.StateTrackDataCfg(L_max0=4, L_max1=128, max_len=128, ramp_steps=800, hold_steps=400)
+    f = jax.jit(functools.partial(st.curriculum_max_len, cfg))
+    for step, want in ((0, 4), (399, 4), (400, 4), (401, 4), (407, 5), (800, 66), (1200, 128), (5000, 128)):
+        assert int(f(step)) == want == int(st.curriculum_max_len(cfg, step))
+    # the hold shifts the SPEC schedule by hold_steps, nothing else
+    plain = dataclasses.replace(cfg, hold_steps=0)
+    assert all(int(f(k + 400)) == int(st.curriculum_max_len(plain, k)) for k in range(0, 1000, 37))
+    # no ramp: L_max0 during the hold, L_max1 after it
+    jump = dataclasses.replace(cfg, ramp_steps=0)
+    assert [int(st.curriculum_max_len(jump, k)) for k in (0, 399, 400, 401)] == [4, 4, 128, 128]
+    assert st.curriculum_width(cfg, 399, 32) == 32 and st.curriculum_width(cfg, 1200, 32) == 128
 
 
 @pytest.mark.parametrize("task", ["parity", "arith"])
