@@ -66,6 +66,7 @@ class StateTrackingCfg:
     test_n: int = 8192
     test_lens: tuple = (224, 256)
     len_quantum: int = 32            # training batches padded to a multiple of this >= L_max(step) (0: max_len)
+    len_buckets: bool = False        # pad each batch to its length bucket's top instead (st.length_bucket)
 
     @property
     def task(self) -> str:
@@ -78,7 +79,8 @@ class StateTrackingCfg:
     def fingerprint(self, name: str) -> str:
         keyed = {"data": dataclasses.asdict(self.data), "model": dataclasses.asdict(self.model_for(name)),
                  "optim": dataclasses.asdict(self.optim), "lrs": list(self.lrs), "seeds": self.seeds,
-                 "seed": self.seed, "val_n": self.val_n, "len_quantum": self.len_quantum}
+                 "seed": self.seed, "val_n": self.val_n, "len_quantum": self.len_quantum,
+                 "len_buckets": self.len_buckets}
         return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def validate(self) -> "StateTrackingCfg":
@@ -92,6 +94,9 @@ class StateTrackingCfg:
                 raise ConfigError(f"--{name}={value}: expected >= 1")
         if self.len_quantum < 0:
             raise ConfigError(f"--len_quantum={self.len_quantum}: expected >= 0 (0 = pad every batch to --l_max1)")
+        if self.len_buckets and self.len_quantum < 1:
+            raise ConfigError(f"--len_buckets with --len_quantum={self.len_quantum}: expected --len_quantum >= 1 "
+                              "(the bucket width)")
         for length in self.test_lens:
             if length < 3:
                 raise ConfigError(f"--test_lens: {length}: expected lengths >= 3")
@@ -151,9 +156,13 @@ def train_model(cfg: StateTrackingCfg, name: str, run_dir: RunDir, mesh) -> dict
     val_len = eval_lengths(cfg.task, cfg.test_lens[:1])[0]
     replicas = sweep.grid(range(cfg.seed, cfg.seed + cfg.seeds), cfg.lrs)
     data = cfg.data
-    run = lm_runs.build_run(model_cfg, cfg.optim, replicas,
-                            sample=lambda seed, k, width: st.sample(step_key(seed, k), data, k, width),
-                            stage=lambda k: st.curriculum_width(data, k, cfg.len_quantum), loss=answer_metrics,
+    if cfg.len_buckets:  # stage (lo, width): one bucket of lengths per step, shared by the replicas
+        stage = lambda k: st.length_bucket(data, k, cfg.len_quantum, cfg.seed)
+        sample = lambda seed, k, s: st.sample(step_key(seed, k), data, k, s[1], lo=s[0])
+    else:                # stage width: every batch padded to L_max(step)
+        stage = lambda k: st.curriculum_width(data, k, cfg.len_quantum)
+        sample = lambda seed, k, width: st.sample(step_key(seed, k), data, k, width)
+    run = lm_runs.build_run(model_cfg, cfg.optim, replicas, sample=sample, stage=stage, loss=answer_metrics,
                             eval_batches=fixed_set(data, VAL_SEED, val_len, cfg.val_n), mesh=mesh,
                             mode=cfg.mesh.params, force_sweep=True)
     labels = [r.label for r in replicas]
@@ -182,6 +191,8 @@ def train_model(cfg: StateTrackingCfg, name: str, run_dir: RunDir, mesh) -> dict
 
 def describe(cfg: StateTrackingCfg) -> str:
     padding = (f"multiples of {cfg.len_quantum} holding L_max(step)" if cfg.len_quantum else f"{cfg.data.max_len}")
+    if cfg.len_buckets:
+        padding = f"the top of the step's length bucket (buckets of {cfg.len_quantum} lengths)"
     lines = [f"task: {cfg.data}", f"training batches padded to {padding}", f"optimizer: {cfg.optim}",
              f"loop: {cfg.loop}",
              f"learning rates: {', '.join(f'{lr:g}' for lr in cfg.lrs)} x {cfg.seeds} seed(s)",

@@ -24,6 +24,9 @@ flags.DEFINE_integer("ramp_steps", None, "Curriculum: steps over which the longe
 flags.DEFINE_integer("hold_steps", 0, "Curriculum: steps at --l_max0 before the ramp starts (0 = SPEC 6.2).")
 flags.DEFINE_integer("len_quantum", 32, "Training batches are padded to the smallest multiple of this that holds "
                      "the curriculum's longest length (one compilation per width; 0 = always --l_max1).")
+flags.DEFINE_bool("len_buckets", False, "Each training batch draws one bucket of --len_quantum lengths and is "
+                  "padded to its top (every sequence's length stays U{l_min..L_max(step)}; a batch's lengths are "
+                  "alike).")
 flags.DEFINE_integer("val_n", 2048, "Validation sequences (test length, own seed) that choose the learning rate.")
 flags.DEFINE_integer("test_n", 8192, "Test sequences per test length.")
 flags.DEFINE_list("test_lens", ["224", "256"], "Test lengths (arithmetic uses the odd length below each).")
@@ -50,7 +53,8 @@ def config_from_flags() -> p2.StateTrackingCfg:
     cfg = p2.StateTrackingCfg(data=data, model=model, optim=tf.optim_cfg(lrs[0], steps),
                               loop=tf.loop_cfg(steps, name=task), mesh=tf.mesh_cfg(), lrs=tuple(lrs),
                               models=tuple(FLAGS.models), seeds=FLAGS.seeds, seed=FLAGS.seed, val_n=FLAGS.val_n,
-                              test_n=FLAGS.test_n, test_lens=test_lens, len_quantum=FLAGS.len_quantum)
+                              test_n=FLAGS.test_n, test_lens=test_lens, len_quantum=FLAGS.len_quantum,
+                              len_buckets=FLAGS.len_buckets)
     return cfg.validate()
 
 

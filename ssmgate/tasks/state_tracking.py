@@ -16,8 +16,10 @@ Causal LM framing: a batch is `LMBatch(inputs = seq[:, :-1], targets = seq[:, 1:
 only at index L - 2, the prediction made at the last bit (or at '=') whose label is the answer, so the
 framework's `synthetic_lm.lm_loss` trains on the answer alone. Training batches have static shape
 (batch, max_len - 1) whatever the lengths drawn; lengths follow the curriculum of SPEC §6.2
-(`curriculum_max_len`). `sample(key, cfg, step)` is jittable with `cfg` static and `step` traced; data
-for step k is `batch_for_step(cfg, seed, k)`, a function of (seed, k) only (DESIGN "Training contract").
+(`curriculum_max_len`); `length_bucket` (host-side) narrows a step's batch to one bucket of lengths, padded
+to the bucket's top, without changing any sequence's length distribution. `sample(key, cfg, step)` is
+jittable with `cfg` static and `step` traced; data for step k is `batch_for_step(cfg, seed, k)`, a function
+of (seed, k) only (DESIGN "Training contract").
 
 Metrics: `answer_accuracy` (argmax at the answer slot) and `scaled_accuracy` = 100 (acc - chance) /
 (1 - chance), never clipped (SPEC §6.2, §10.14). `handset_phase_counter` is the analytic one-pair rotation
@@ -147,14 +149,20 @@ def curriculum_max_len(cfg: StateTrackDataCfg, step):
     return (cfg.L_max0 + (cfg.L_max1 - cfg.L_max0) * s // cfg.ramp_steps).astype(jnp.int32)
 
 
-def _draw_lengths(key, cfg: StateTrackDataCfg, step):
-    """(batch,) int32 lengths, uniform on {L_min .. L_max(step)} (odd values only for arith)."""
+def _draw_lengths(key, cfg: StateTrackDataCfg, step, lo: int | None = None, width: int | None = None):
+    """(batch,) int32 lengths, uniform on the valid lengths (odd only for arith) in
+    {max(L_min, lo) .. min(L_max(step), width)}; lo, width static (None: no bound). The caller makes
+    sure that range holds a valid length (`length_bucket` does)."""
     hi = curriculum_max_len(cfg, step)
+    if width is not None:
+        hi = jnp.minimum(hi, width)
+    lo = cfg.L_min if lo is None else max(cfg.L_min, int(lo))
     if cfg.task != "arith":
-        return jax.random.randint(key, (cfg.batch,), cfg.L_min, hi + 1, jnp.int32)
-    hi_odd = hi - (1 - hi % 2)                  # L_min is odd (validate), so hi_odd >= L_min
-    n_odd = (hi_odd - cfg.L_min) // 2 + 1
-    return cfg.L_min + 2 * jax.random.randint(key, (cfg.batch,), 0, n_odd, jnp.int32)
+        return jax.random.randint(key, (cfg.batch,), lo, hi + 1, jnp.int32)
+    lo += 1 - lo % 2                            # the first odd length >= lo
+    hi_odd = hi - (1 - hi % 2)                  # hi_odd >= lo: L_min is odd (validate) / the bucket holds one
+    n_odd = (hi_odd - lo) // 2 + 1
+    return lo + 2 * jax.random.randint(key, (cfg.batch,), 0, n_odd, jnp.int32)
 
 
 def evaluate_expression(expr_bl, n_tokens_b):
@@ -214,16 +222,20 @@ def _lm_batch(seq_bl, lengths_b) -> LMBatch:
     return LMBatch(seq_bl[:, :-1], seq_bl[:, 1:], mask)
 
 
-def sample(key, cfg: StateTrackDataCfg, step, width: int | None = None) -> LMBatch:
+def sample(key, cfg: StateTrackDataCfg, step, width: int | None = None, lo: int | None = None) -> LMBatch:
     """A training batch of step `step` (SPEC §6.2): lengths ~ U{L_min .. L_max(step)}, padded to
-    `width` (default cfg.max_len); arrays (cfg.batch, width - 1). Jittable with cfg and width static,
-    step traced. A narrower width must hold L_max(step): take it from `curriculum_width`."""
+    `width` (default cfg.max_len); arrays (cfg.batch, width - 1). Jittable with cfg, width and lo
+    static, step traced. Without `lo`, a narrower width must hold L_max(step): take it from
+    `curriculum_width`. With `lo` (a length bucket, from `length_bucket`), the lengths are uniform on
+    {max(L_min, lo) .. min(L_max(step), width)} instead."""
     cfg.validate()
     width = cfg.max_len if width is None else width
     if not isinstance(width, (int, np.integer)) or not cfg.L_min <= width <= cfg.max_len:
         raise ValueError(f"width={width!r}: expected an int in [L_min, max_len] = [{cfg.L_min}, {cfg.max_len}]")
+    if lo is not None and (not isinstance(lo, (int, np.integer)) or not 1 <= lo <= width):
+        raise ValueError(f"lo={lo!r}: expected None or an int in [1, width] = [1, {width}]")
     k_len, k_seq = jax.random.split(key)
-    lengths = _draw_lengths(k_len, cfg, step)
+    lengths = _draw_lengths(k_len, cfg, step, lo, None if lo is None else width)
     return _lm_batch(_sequences(k_seq, cfg.task, lengths, width), lengths)
 
 
@@ -237,6 +249,27 @@ def curriculum_width(cfg: StateTrackDataCfg, step: int, quantum: int) -> int:
         return cfg.max_len
     longest = int(curriculum_max_len(cfg, int(step)))
     return min(cfg.max_len, -(-longest // quantum) * quantum)
+
+
+BUCKET_SALT = 620  # length_bucket's host draw: independent of other host draws from (seed, step)
+
+
+def length_bucket(cfg: StateTrackDataCfg, step: int, quantum: int, seed: int) -> tuple[int, int]:
+    """The length bucket (lo, width) of step `step` (host-side, a function of (seed, step) only).
+
+    The valid lengths L_min .. L_max(step) (odd only for arith) are cut at the multiples of `quantum`;
+    the step's bucket is the one holding v ~ U{valid lengths} drawn from (seed, step), and
+    `sample(.., width, lo)` then draws every length of the batch uniformly inside it. Each sequence's
+    length is therefore still exactly U{L_min .. L_max(step)}, but a batch is padded to its bucket's
+    top instead of to L_max(step): with L_max = 4 quanta, 5/8 of the tokens instead of all of them.
+    A batch's lengths are then alike (one bucket), which the iid batches of SPEC §6.2 are not."""
+    if not isinstance(quantum, (int, np.integer)) or quantum < 1:
+        raise ValueError(f"quantum={quantum!r}: expected an int >= 1")
+    hi = int(curriculum_max_len(cfg, int(step)))
+    valid = np.arange(cfg.L_min, hi + 1, 2 if cfg.task == "arith" else 1)
+    v = int(np.random.default_rng([int(seed), int(step), BUCKET_SALT]).choice(valid))
+    top = -(-v // quantum) * quantum
+    return top - quantum + 1, min(cfg.max_len, top)
 
 
 def batch_for_step(cfg: StateTrackDataCfg, seed: int, step) -> LMBatch:

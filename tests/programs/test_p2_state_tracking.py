@@ -61,6 +61,18 @@ def test_arithmetic_tests_odd_lengths_and_has_no_phase_code(tmp_path):
     assert set(out["scaled_accuracy"]["critical"]) == {"11", "13"}
 
 
+def test_length_buckets_run_and_need_a_quantum(tmp_path):
+    cfg = dataclasses.replace(tiny_cfg("arith", models=("underdamped",)), len_quantum=4, len_buckets=True)
+    stages = {st.length_bucket(cfg.data, k, 4, cfg.seed) for k in range(6)}
+    assert stages <= {(1, 4), (5, 8), (9, 9)} and len(stages) > 1
+    out = p2.run(cfg, tmp_path)
+    assert set(out["scaled_accuracy"]["underdamped"]) == {"11", "13"}
+    assert p2.describe(cfg).count("length bucket") == 1
+    with pytest.raises(p2.ConfigError, match="--len_buckets with --len_quantum=0: expected --len_quantum >= 1"):
+        dataclasses.replace(cfg, len_quantum=0).validate()
+    assert cfg.fingerprint("underdamped") != dataclasses.replace(cfg, len_buckets=False).fingerprint("underdamped")
+
+
 def test_rows_swap_only_the_transition():
     cfg = tiny_cfg(models=tuple(p2.MODELS))
     widths = {(m.d_model, m.d_state, m.n_layers, m.headdim) for m in map(cfg.model_for, cfg.models)}

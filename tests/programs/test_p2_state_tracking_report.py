@@ -18,11 +18,12 @@ def task_summary(task, scaled, code=None):
     return out
 
 
-def runs(parity_under=99.0, arith_under=90.0, code=(0.4, 179.0)):
+def runs(parity_under=99.0, arith_under=90.0, code=(0.4, 179.0), arith_others=30.0):
     low = {m: 1.0 for m in ROWS}
     return {"state_tracking_parity": task_summary("parity", dict(low, underdamped=parity_under), code),
             "state_tracking_mod3": task_summary("mod3", dict(low, underdamped=95.0), (0.1, -119.0)),
-            "state_tracking_arith": task_summary("arith", dict({m: 30.0 for m in ROWS}, underdamped=arith_under))}
+            "state_tracking_arith": task_summary("arith", dict({m: arith_others for m in ROWS},
+                                                               underdamped=arith_under))}
 
 
 def test_summary_entry_checks_and_markdown(tmp_path):
@@ -41,7 +42,8 @@ def test_summary_entry_checks_and_markdown(tmp_path):
 @pytest.mark.parametrize("kwargs, failing", [
     # An unsolved task fails its phase-code check too: a pair near the ideal code then means nothing.
     (dict(parity_under=50.0), ["parity_underdamped_ge_90", "parity_phase_code_within_10_deg_and_solved"]),
-    (dict(arith_under=20.0), ["arith_underdamped_best"]),
+    (dict(arith_under=20.0), ["arith_underdamped_best_and_ge_10"]),
+    (dict(arith_under=8.0, arith_others=2.0), ["arith_underdamped_best_and_ge_10"]),  # best, but at chance
     (dict(code=(0.4, 165.0)), ["parity_phase_code_within_10_deg_and_solved"]),
 ])
 def test_each_check_can_fail(tmp_path, kwargs, failing):
@@ -52,5 +54,5 @@ def test_each_check_can_fail(tmp_path, kwargs, failing):
 def test_a_subset_of_tasks_reports_what_exists(tmp_path):
     only = {"state_tracking_arith": runs()["state_tracking_arith"]}
     entry, text = report.build(only, "quick", {}, {}, tmp_path / "figures", tmp_path)
-    assert entry["phase_code"] == {} and list(entry["checks"]) == ["arith_underdamped_best"]
+    assert entry["phase_code"] == {} and list(entry["checks"]) == ["arith_underdamped_best_and_ge_10"]
     assert "p2_phase_code" not in text and "| Arithmetic |" in text

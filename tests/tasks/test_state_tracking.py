@@ -309,3 +309,52 @@ def test_handset_counter_errors():
         st.handset_phase_counter(x, "parity", transition="damped")
     with pytest.raises(ValueError, match=r"decay=0.0: expected > 0"):
         st.handset_phase_counter(x, "parity", transition="decay", decay=0.0)
+
+
+@pytest.mark.parametrize("task", ["parity", "arith"])
+def test_length_buckets_keep_every_length_uniform(task):
+    # Mid-ramp L_max = 75 (arith: odd lengths 3..75), buckets of 32 lengths: 1..32, 33..64, 65..96.
+    cfg = st.StateTrackDataCfg(task=task, batch=4096, max_len=96, L_min=3, L_max0=11, L_max1=96, ramp_steps=85)
+    step = 64
+    hi = int(st.curriculum_max_len(cfg, step))
+    assert hi == 75
+    valid = np.arange(3, hi + 1, 2 if task == "arith" else 1)
+    draw = jax.jit(st.sample, static_argnums=(1, 3, 4))
+    counts = {}
+    for seed in range(300):
+        lo, width = st.length_bucket(cfg, step, 32, seed)
+        assert (lo, width) in ((1, 32), (33, 64), (65, 96))
+        assert st.length_bucket(cfg, step, 32, seed) == (lo, width)  # a function of (seed, step)
+        counts[(lo, width)] = counts.get((lo, width), 0) + 1
+    # The bucket's frequency is its share of the valid lengths (binomial, 300 draws: 4 sigma).
+    for (lo, width), n in counts.items():
+        share = np.mean((valid >= lo) & (valid <= width))
+        assert abs(n / 300 - share) < 4 * np.sqrt(share * (1 - share) / 300), ((lo, width), n)
+    # Inside a bucket the lengths are uniform on its valid lengths up to L_max(step).
+    for (lo, width) in counts:
+        batch = draw(jax.random.key(lo), cfg, step, width, lo)
+        assert batch.inputs.shape == (4096, width - 1)
+        lengths = _lengths(batch)
+        inside = valid[(valid >= lo) & (valid <= width)]
+        assert set(np.unique(lengths)) == set(inside.tolist())
+        hist = np.bincount(lengths, minlength=hi + 1)[inside]
+        expected = 4096 / len(inside)
+        assert np.all(np.abs(hist - expected) < 5 * np.sqrt(expected)), hist
+        np.testing.assert_array_equal(np.asarray(batch.mask).sum(axis=1), 1.0)
+        assert np.all(np.asarray(batch.targets)[np.arange(4096), lengths - 2] != st.PAD)
+
+
+def test_length_buckets_bad_input():
+    cfg = st.StateTrackDataCfg.paper("parity", batch=8)
+    with pytest.raises(ValueError, match="quantum=0: expected an int >= 1"):
+        st.length_bucket(cfg, 0, 0, 0)
+    with pytest.raises(ValueError, match=r"lo=70: expected None or an int in \[1, width\] = \[1, 64\]"):
+        st.sample(jax.random.key(0), cfg, 0, 64, lo=70)
+    # One bucket holding every length is the plain sampler, draw for draw.
+    for task in ("parity", "arith"):
+        cfg = st.StateTrackDataCfg.paper(task, batch=64)
+        for step in (0, 5000):
+            plain = st.sample(jax.random.key(3), cfg, step)
+            whole = st.sample(jax.random.key(3), cfg, step, cfg.max_len, lo=1)
+            for x, y in zip(plain, whole):
+                np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
