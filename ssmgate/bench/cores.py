@@ -26,7 +26,9 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "runs/bench/cores.json", "Where to write the JSON results.")
 flags.DEFINE_list("shape", ["2", "2048", "8", "64", "64", "1", "16"], "b,t,h,p,n,g,r of the benchmark inputs.")
 flags.DEFINE_list("core", ["scalar_decay", "rotation", "damped"], "Cores to benchmark.")
-flags.DEFINE_list("chunk_sizes", ["16", "32", "64", "128"], "Chunk sizes tried for the chunked algorithm.")
+flags.DEFINE_list("chunk_sizes", ["16", "32", "64", "128"], "Chunk sizes tried for the chunked scalar_decay and rotation.")
+flags.DEFINE_list("damped_chunk_sizes", ["4", "8", "16"], "Chunk sizes tried for the chunked damped core (its "
+                  "transports cost O(chunk^2) per chunk, so they are shorter).")
 flags.DEFINE_integer("reps", 5, "Timed repetitions per row (the minimum is reported).", lower_bound=1)
 flags.DEFINE_float("max_seconds", 20.0, "Stop repeating a row once this much time was spent on it.", lower_bound=0.0)
 flags.DEFINE_bool("write_auto_table", False, "Measure the auto size classes and write the auto table.")
@@ -36,7 +38,7 @@ flags.DEFINE_string("docs", None, "Markdown file whose block between the markers
 
 ALGORITHMS = {"scalar_decay": ("sequential", "associative", "chunked"),
               "rotation": ("sequential", "associative", "chunked"),
-              "damped": ("sequential", "associative")}
+              "damped": ("sequential", "associative", "chunked")}
 # Size classes of the auto table: (max_t, the t measured for it); None = no upper bound.
 AUTO_CLASSES = ((32, 32), (256, 256), (1024, 1024), (None, 2048))
 # Width classes: (max per-head state size p·n, the (b, h, p, n) measured for it); None = no upper
@@ -77,12 +79,20 @@ def core_fn(core: str, algorithm: str, chunk_size=None):
         return lambda i: rotation(i["x"], i["dt"], i["A"], i["B"], i["C"], i["theta"], i["D"], trap=i["trap"],
                                   algorithm=algorithm, chunk_size=chunk_size)
     return lambda i: damped(i["x"], i["dt"], i["a"], i["nu"], i["B"], i["C"], i["D"], regime="under",
-                            trap=i["trap"], algorithm=algorithm)
+                            trap=i["trap"], algorithm=algorithm, chunk_size=chunk_size)
 
 
 def flop_count(core: str, algorithm: str, chunk, b, t, h, p, n, g, r) -> float:
     """Multiply-adds counted as 2 FLOPs; forward pass. Elementwise work is counted where it is of the
     order of the matmuls (the sequential update), ignored where it is O(t h) or O(t h Q)."""
+    if algorithm == "chunked" and core == "damped":
+        q, rest = chunk, n - 2 * r
+        # Per head and pair: the transports (Q + 1 2x2 products per token), Phi B (2x2 by 2-vector
+        # for Q sources) and the kernel's C reads; then the SSD-like matmuls on the 2r pair channels,
+        # and the scalar-decay SSD of the other channels.
+        pairs = (h * r * (16 * (q + 1) + 12 * q + 8) + 2 * q * h * p + 8 * h * p * r) if r else 0
+        others = (2 * q * rest * g + 2 * q * h * p + 4 * h * p * rest) if rest else 0
+        return float(b * t * (pairs + others))
     if algorithm == "chunked":
         q = chunk
         per_group_cb = 2 * q * n * g if core == "scalar_decay" else 2 * q * (2 * r * h + (n - 2 * r) * g)
@@ -150,12 +160,13 @@ def forward_backward(fn, inputs):
 
 
 def bench_core(core: str, shape: tuple, peak: float, chunk_sizes, reps, max_seconds, log=print) -> list[dict]:
-    """Rows for every algorithm (every chunk size) and `auto`, forward and forward+backward."""
+    """Rows for every algorithm (every chunk size in chunk_sizes[core]) and `auto`, forward and
+    forward+backward."""
     b, t, h, p, n, g, r = shape
     inputs = make_inputs(core, *shape)
     ref = reference_outputs(core, inputs)
     rows, seq_time = [], {}
-    configs = [(a, c) for a in ALGORITHMS[core] for c in (chunk_sizes if a == "chunked" else [None])]
+    configs = [(a, c) for a in ALGORITHMS[core] for c in (chunk_sizes[core] if a == "chunked" else [None])]
     for algorithm, chunk in configs + [("auto", None)]:
         fn = core_fn(core, algorithm, chunk)
         fwd = jax.jit(fn)
@@ -249,7 +260,7 @@ def measure_auto_table(cores, base_shape, chunk_sizes, reps, max_seconds, log=pr
                 inputs = make_inputs(core, b, t, h, p, n, g, r)
                 timings = []
                 for algorithm in ALGORITHMS[core]:
-                    for chunk in (chunk_sizes if algorithm == "chunked" else [None]):
+                    for chunk in (chunk_sizes[core] if algorithm == "chunked" else [None]):
                         fn = core_fn(core, algorithm, chunk)
                         timings.append({"algorithm": algorithm, "chunk_size": chunk,
                                         "fwd_seconds": time_call(jax.jit(fn), inputs, reps, max_seconds),
@@ -280,9 +291,13 @@ def main(argv) -> None:
         raise SystemExit(f"ssmgate.bench cores: unexpected arguments {argv[1:]}")
     try:
         shape = tuple(int(v) for v in FLAGS.shape)
-        chunk_sizes = [int(c) for c in FLAGS.chunk_sizes]
+        ssd_chunks = [int(c) for c in FLAGS.chunk_sizes]
+        damped_chunks = [int(c) for c in FLAGS.damped_chunk_sizes]
     except ValueError as e:
-        raise SystemExit(f"--shape and --chunk_sizes take integers: {e}")
+        raise SystemExit(f"--shape, --chunk_sizes and --damped_chunk_sizes take integers: {e}")
+    if min(ssd_chunks + damped_chunks, default=1) < 1:
+        raise SystemExit(f"chunk sizes must be positive; got {FLAGS.chunk_sizes} and {FLAGS.damped_chunk_sizes}")
+    chunk_sizes = {core: damped_chunks if core == "damped" else ssd_chunks for core in ALGORITHMS}
     if len(shape) != 7 or min(shape) < 1:
         raise SystemExit(f"--shape takes 7 positive integers b,t,h,p,n,g,r; got {FLAGS.shape}")
     unknown = set(FLAGS.core) - set(ALGORITHMS)

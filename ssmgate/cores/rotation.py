@@ -148,6 +148,17 @@ def trapezoid_scales(dt, lam):
     return lam * dt + nxt, nxt, carry[:, 0]
 
 
+def trapezoid_inputs(x, dt, lam, state0):
+    """The parallel forms' inputs under `trapezoid_scales`: x times its write scale, the diagonal's
+    correction -(1 - lambda_{t+1}) dt_{t+1} x_t (None for Euler, lam None) and the initial state
+    with the previous call's last write (x_prev, B_prev of state0) added."""
+    if lam is None:
+        return x * dt[..., None], None, state0.h
+    scale, nxt, carry0 = trapezoid_scales(dt, lam)
+    h0 = state0.h + (carry0[..., None] * state0.x_prev)[..., None] * state0.B_prev[:, :, None, :]
+    return x * scale[..., None], -nxt[..., None] * x, h0
+
+
 def _final_state(phase, B, cos, sin, h_final, x):
     B_last = rotate_pairs(expand_groups(B[:, -1], x.shape[2]), cos[:, -1], sin[:, -1])
     return RotationState(jnp.mod(phase[:, -1], TWO_PI), h_final, B_last, x[:, -1])
@@ -183,14 +194,8 @@ def _chunked(x, dt, A, B, C, theta, lam, D, state0, chunk):
                        rotate_pairs(expand_groups(C[..., : 2 * r], heads), cos, sin)))
     if 2 * r < n:
         blocks.append((B[..., 2 * r:], C[..., 2 * r:]))
-    h0, xdiag = state0.h, None
-    if lam is None:
-        scale = dt
-    else:
-        scale, nxt, carry0 = trapezoid_scales(dt, lam)
-        xdiag = -nxt[..., None] * x
-        h0 = h0 + (carry0[..., None] * state0.x_prev)[..., None] * state0.B_prev[:, :, None, :]
-    y, h_final = chunked_ssd(x * scale[..., None], dt * A, blocks, h0, chunk, xdiag)
+    xs, xdiag, h0 = trapezoid_inputs(x, dt, lam, state0)
+    y, h_final = chunked_ssd(xs, dt * A, blocks, h0, chunk, xdiag)
     if D is not None:
         y = y + D[:, None] * x
     return y, _final_state(phase, B, cos, sin, h_final, x)

@@ -131,12 +131,8 @@ class ModelCfg:
                 bad("head_a_ranges", f"{self.n_ssm_heads} pairs (lo, hi) with 0 < lo <= hi, one per head")
         if self.mimo_rank > 1 and self.block != "mamba3":
             bad("mimo_rank", "1 unless block = 'mamba3'")
-        if self.block == "mamba3" and self.transition in DAMPED:
-            if self.mimo_rank > 1:
-                bad("mimo_rank", f"1 for the damped transition {self.transition!r} (MIMO: native, none, static)")
-            if self.algorithm == "chunked":
-                bad("algorithm", f"'auto', 'sequential' or 'associative' for the damped transition "
-                                 f"{self.transition!r} (the damped core has no chunked form)")
+        if self.block == "mamba3" and self.transition in DAMPED and self.mimo_rank > 1:
+            bad("mimo_rank", f"1 for the damped transition {self.transition!r} (MIMO: native, none, static)")
         return self
 
     def replace(self, **changes) -> "ModelCfg":

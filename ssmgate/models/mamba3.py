@@ -124,7 +124,7 @@ class Mamba3Mixer(nn.Module):
             self.sow("intermediates", "phase_increment", dt_bth[..., None] * nu)
             y, state = damped(x_bthp, dt_bth, rate_bth, nu, B_bthRn[:, :, :, 0], C_bthRn[:, :, :, 0], D,
                               regime=tr, overdamped_c=cfg.overdamped_c, trap=trap_bth,
-                              initial_state=cache, algorithm=cfg.algorithm)
+                              initial_state=cache, algorithm=cfg.algorithm, chunk_size=cfg.chunk_size)
             gated = y * jax.nn.silu(z_bthp)
         else:
             theta = hooks.edit_theta(self._theta(tr, ang, dt_bth, b, t, h, r))

@@ -4,11 +4,12 @@ import pytest
 from ssmgate.bench import cores as bench
 
 TINY = (1, 16, 2, 4, 4, 1, 1)  # b, t, h, p, n, g, r
+CHUNKS = {core: [8] for core in bench.ALGORITHMS}
 
 
 @pytest.mark.parametrize("core", ["scalar_decay", "rotation", "damped"])
 def test_bench_rows(core):
-    rows = bench.bench_core(core, TINY, peak=1e9, chunk_sizes=[8], reps=1, max_seconds=1.0, log=lambda s: None)
+    rows = bench.bench_core(core, TINY, peak=1e9, chunk_sizes=CHUNKS, reps=1, max_seconds=1.0, log=lambda s: None)
     algorithms = [r["algorithm"] for r in rows]
     expected = list(bench.ALGORITHMS[core]) + ["auto"]
     assert sorted(set(algorithms)) == sorted(expected)
@@ -28,10 +29,14 @@ def test_flop_count_chunked_formula():
     # rotation pays per-head C B^T on its 2r rotated channels
     rot = bench.flop_count("rotation", "chunked", q, b, t, h, p, n, g, r)
     assert rot - got == 2 * b * t * q * (2 * r * h + (n - 2 * r) * g - n * g)
+    # damped without pairs is the scalar-decay SSD; its pairs' transports grow with q^2 per chunk
+    assert bench.flop_count("damped", "chunked", q, b, t, h, p, n, g, 0) == got
+    dmp = [bench.flop_count("damped", "chunked", c, b, t, h, p, n, g, r) for c in (8, 16, 32)]
+    assert dmp[0] < dmp[1] < dmp[2] and dmp[2] - dmp[1] > dmp[1] - dmp[0]
 
 
 def test_markdown_and_docs_block(tmp_path):
-    rows = bench.bench_core("scalar_decay", TINY, peak=1e9, chunk_sizes=[8], reps=1, max_seconds=1.0,
+    rows = bench.bench_core("scalar_decay", TINY, peak=1e9, chunk_sizes=CHUNKS, reps=1, max_seconds=1.0,
                             log=lambda s: None)
     result = {"device": "cpu:0", "cpu": "test", "cores": 2, "jax": "x", "matmul_peak_flops": 1e9,
               "command": "python -m ssmgate.bench cores", "rows": rows,
@@ -54,7 +59,7 @@ def test_auto_table_measures_every_width_and_length_class(monkeypatch):
     from ssmgate.cores import auto
     monkeypatch.setattr(bench, "AUTO_CLASSES", ((8, 8), (None, 16)))
     monkeypatch.setattr(bench, "AUTO_WIDTHS", ((8, (2, 1, 2, 4)), (None, None)))
-    table = bench.measure_auto_table(["scalar_decay"], TINY, [8], reps=1, max_seconds=1.0, log=lambda s: None)
+    table = bench.measure_auto_table(["scalar_decay"], TINY, CHUNKS, reps=1, max_seconds=1.0, log=lambda s: None)
     entries = table["scalar_decay"]
     assert [(e["max_state"], e["max_t"]) for e in entries] == [(8, 8), (8, None), (None, 8), (None, None)]
     assert [e["measured_shape"] for e in entries] == [{"b": 2, "h": 1, "p": 2, "n": 4}] * 2 + \

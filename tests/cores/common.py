@@ -24,7 +24,7 @@ from tests.cores import reference as ref
 TWO_PI = 2.0 * np.pi
 CORES = ("scalar_decay", "rotation", "damped")
 PARALLEL = {"scalar_decay": ("associative", "chunked"), "rotation": ("associative", "chunked"),
-            "damped": ("associative",)}
+            "damped": ("associative", "chunked")}
 EXPLICIT = {k: ("sequential",) + v for k, v in PARALLEL.items()}  # every algorithm but 'auto'
 REGIMES = ("under", "critical", "over")
 AUTO_WARNING = "ignore:ssmgate.cores. no measured auto table"  # for pytest.mark.filterwarnings
@@ -128,7 +128,7 @@ def call_core(core, inp, *, algorithm, chunk_size=None, regime=None, c=0.9):
                               chunk_size=chunk_size)
     return cores.damped(inp["x"], inp["dt"], inp["A"], inp["theta"], inp["B"], inp["C"], inp["D"],
                         regime=regime, overdamped_c=c, trap=inp["trap"], initial_state=inp["init"],
-                        algorithm=algorithm)
+                        algorithm=algorithm, chunk_size=chunk_size)
 
 
 @functools.lru_cache(maxsize=None)

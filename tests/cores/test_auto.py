@@ -14,7 +14,7 @@ from tests.cores import common as cm
 
 VALID = {"scalar_decay": {"sequential", "associative", "chunked"},
          "rotation": {"sequential", "associative", "chunked"},
-         "damped": {"sequential", "associative"}}
+         "damped": {"sequential", "associative", "chunked"}}
 
 
 def test_committed_table_is_well_formed():

@@ -119,12 +119,7 @@ def test_unknown_algorithm(core, algorithm):
         _call(core, _inputs(core), algorithm=algorithm)
 
 
-def test_damped_has_no_chunked_algorithm():
-    with pytest.raises(ValueError, match="algorithm 'chunked'"):
-        _call("damped", _inputs("damped"), algorithm="chunked")
-
-
-@pytest.mark.parametrize("core", ["scalar_decay", "rotation"])
+@pytest.mark.parametrize("core", cm.CORES)
 @pytest.mark.parametrize("chunk", [0, -4, 2.5, "16"])
 def test_bad_chunk_size(core, chunk):
     with pytest.raises(ValueError, match="argument 'chunk_size'"):
