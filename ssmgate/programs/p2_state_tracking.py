@@ -13,7 +13,8 @@ input 1 -> 360/m degrees).
 
 Each model trains in its own run directory (<run_dir>/<model>/, resumable); summary.json:
 {"task", "models", "lrs", "test_lens", "accuracy"[model][len], "scaled_accuracy"[model][len],
-"chosen_lr"[model], "val_accuracy"[model] (per lr), "phase_code" {"deg": [input 0, input 1],
+"chosen_lr"[model], "val_accuracy"[model] (per lr), "stopped_step"[model] (per replica, -1: ran to
+the end; with --stop_thr a replica whose validation accuracy reaches it is frozen), "phase_code" {"deg": [input 0, input 1],
 "head", "pair", "pairs_deg"} (parity and mod 3), "wall_s"[model], "steps"}.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ import dataclasses
 import hashlib
 import json
 import time
+from typing import Optional
 
 import jax
 import numpy as np
@@ -67,6 +69,7 @@ class StateTrackingCfg:
     test_lens: tuple = (224, 256)
     len_quantum: int = 32            # training batches padded to a multiple of this >= L_max(step) (0: max_len)
     len_buckets: bool = False        # pad each batch to its length bucket's top instead (st.length_bucket)
+    stop_thr: Optional[float] = None  # early stopping: a replica is frozen once its validation accuracy reaches it
 
     @property
     def task(self) -> str:
@@ -80,7 +83,7 @@ class StateTrackingCfg:
         keyed = {"data": dataclasses.asdict(self.data), "model": dataclasses.asdict(self.model_for(name)),
                  "optim": dataclasses.asdict(self.optim), "lrs": list(self.lrs), "seeds": self.seeds,
                  "seed": self.seed, "val_n": self.val_n, "len_quantum": self.len_quantum,
-                 "len_buckets": self.len_buckets}
+                 "len_buckets": self.len_buckets, "stop_thr": self.stop_thr}
         return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def validate(self) -> "StateTrackingCfg":
@@ -92,6 +95,9 @@ class StateTrackingCfg:
         for name, value in (("val_n", self.val_n), ("test_n", self.test_n), ("seeds", self.seeds)):
             if value < 1:
                 raise ConfigError(f"--{name}={value}: expected >= 1")
+        if self.stop_thr is not None and not 0.0 < self.stop_thr <= 1.0:
+            raise ConfigError(f"--stop_thr={self.stop_thr}: expected a validation accuracy in (0, 1] (or unset: no "
+                              "early stopping)")
         if self.len_quantum < 0:
             raise ConfigError(f"--len_quantum={self.len_quantum}: expected >= 0 (0 = pad every batch to --l_max1)")
         if self.len_buckets and self.len_quantum < 1:
@@ -166,9 +172,13 @@ def train_model(cfg: StateTrackingCfg, name: str, run_dir: RunDir, mesh) -> dict
                             eval_batches=fixed_set(data, VAL_SEED, val_len, cfg.val_n), mesh=mesh,
                             mode=cfg.mesh.params, force_sweep=True)
     labels = [r.label for r in replicas]
+    stopping = {}
+    if cfg.stop_thr is not None:  # frozen replicas keep the parameters that reached the threshold
+        stopping = dict(after_eval=sweep.after_eval(sweep.StopRule("accuracy", stop_thr=cfg.stop_thr), labels),
+                        done_fn=sweep.all_stopped)
     result = loop.run(run_dir, dataclasses.replace(cfg.loop, name=f"{cfg.task}/{name}"), init_state=run.init_state,
                       abstract_state=run.abstract, step_fn=run.step, batch_fn=run.batch_fn, eval_fn=run.eval_fn,
-                      meta={"model": name, "labels": labels}, fingerprint=cfg.fingerprint(name))
+                      meta={"model": name, "labels": labels}, fingerprint=cfg.fingerprint(name), **stopping)
     val = np.asarray(result.last_eval["eval_accuracy"], np.float64).reshape(len(replicas))
     # Mean over seeds per learning rate, then the best learning rate; its best seed is tested.
     per_lr = val.reshape(len(cfg.lrs), cfg.seeds).mean(axis=1)
@@ -176,7 +186,8 @@ def train_model(cfg: StateTrackingCfg, name: str, run_dir: RunDir, mesh) -> dict
     best = best_lr * cfg.seeds + int(np.argmax(val.reshape(len(cfg.lrs), cfg.seeds)[best_lr]))
     params = jax.tree.map(lambda a: a[best], run.params(result.state))
     out = {"chosen_lr": float(cfg.lrs[best_lr]), "val_accuracy": [float(v) for v in per_lr],
-           "accuracy": {}, "scaled_accuracy": {}, "replicas": labels, "diverged": np.asarray(result.state.diverged).tolist()}
+           "accuracy": {}, "scaled_accuracy": {}, "replicas": labels, "diverged": np.asarray(result.state.diverged).tolist(),
+           "stopped_step": np.asarray(result.state.stopped_step).tolist()}
     for length in eval_lengths(cfg.task, cfg.test_lens):
         acc = accuracy_on(run.model, params, fixed_set(data, TEST_SEED, length, cfg.test_n))
         out["accuracy"][str(length)] = acc
@@ -196,6 +207,8 @@ def describe(cfg: StateTrackingCfg) -> str:
     lines = [f"task: {cfg.data}", f"training batches padded to {padding}", f"optimizer: {cfg.optim}",
              f"loop: {cfg.loop}",
              f"learning rates: {', '.join(f'{lr:g}' for lr in cfg.lrs)} x {cfg.seeds} seed(s)",
+             "early stopping: " + ("none" if cfg.stop_thr is None else
+                                   f"a replica stops once its validation accuracy reaches {cfg.stop_thr:g}"),
              f"validation {cfg.val_n}, test {cfg.test_n} sequences at lengths {eval_lengths(cfg.task, cfg.test_lens)}"]
     for name in cfg.models:
         m = cfg.model_for(name)
@@ -215,7 +228,7 @@ def run(cfg: StateTrackingCfg, run_dir: str) -> dict:
     rows = {name: train_model(cfg, name, RunDir(rd.path / name), mesh) for name in cfg.models}
     summary = {"task": cfg.task, "models": list(cfg.models), "lrs": list(cfg.lrs), "steps": cfg.loop.steps,
                "test_lens": eval_lengths(cfg.task, cfg.test_lens), "wall_s": time.perf_counter() - t0}
-    for key in ("accuracy", "scaled_accuracy", "chosen_lr", "val_accuracy"):
+    for key in ("accuracy", "scaled_accuracy", "chosen_lr", "val_accuracy", "stopped_step"):
         summary[key] = {name: rows[name][key] for name in cfg.models}
     summary["wall_s_per_model"] = {name: rows[name]["wall_s"] for name in cfg.models}
     if "phase_code" in rows.get("underdamped", {}):

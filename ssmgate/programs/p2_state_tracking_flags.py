@@ -2,7 +2,8 @@
 
 The model flags (training_flags) override the shared width and depth of every row (default: the
 SPEC §6.2 state-tracking model, 1 layer for parity / mod 3, 3 for arithmetic); `--sweep_lrs` is
-the learning-rate grid, `--steps` / `--batch` / `--opt_*` the protocol.
+the learning-rate grid, `--steps` / `--batch` / `--opt_*` the protocol, `--stop_thr` (the train
+program's sweep flag) early stopping on the validation accuracy.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from absl import flags
 
 from ssmgate.models import presets
 from ssmgate.programs import p2_state_tracking as p2
+from ssmgate.programs import train_lm_flags  # defines --stop_thr (early stopping on validation accuracy)
 from ssmgate.programs import training_flags as tf
 from ssmgate.programs.config_error import ConfigError
 from ssmgate.tasks import state_tracking as st
@@ -54,7 +56,7 @@ def config_from_flags() -> p2.StateTrackingCfg:
                               loop=tf.loop_cfg(steps, name=task), mesh=tf.mesh_cfg(), lrs=tuple(lrs),
                               models=tuple(FLAGS.models), seeds=FLAGS.seeds, seed=FLAGS.seed, val_n=FLAGS.val_n,
                               test_n=FLAGS.test_n, test_lens=test_lens, len_quantum=FLAGS.len_quantum,
-                              len_buckets=FLAGS.len_buckets)
+                              len_buckets=FLAGS.len_buckets, stop_thr=train_lm_flags.FLAGS.stop_thr)
     return cfg.validate()
 
 

@@ -73,6 +73,22 @@ def test_length_buckets_run_and_need_a_quantum(tmp_path):
     assert cfg.fingerprint("underdamped") != dataclasses.replace(cfg, len_buckets=False).fingerprint("underdamped")
 
 
+def test_early_stopping_freezes_replicas_at_the_threshold(tmp_path):
+    """With --stop_thr a replica whose validation accuracy reaches it stops training there; the
+    program ends when every replica has stopped, and tests the frozen parameters."""
+    cfg = dataclasses.replace(tiny_cfg(models=("mamba2",)), stop_thr=1e-6,
+                              loop=loop.LoopCfg(steps=6, log_every=3, eval_every=2, tensorboard=False))
+    out = p2.run(cfg, tmp_path)
+    assert out["stopped_step"]["mamba2"] == [2, 2]  # any accuracy >= 1e-6: both stop at the first evaluation
+    assert (tmp_path / "mamba2" / "checkpoints" / "2").is_dir() and not (tmp_path / "mamba2" / "checkpoints" / "6").exists()
+    assert "validation accuracy reaches 1e-06" in p2.describe(cfg)
+    assert p2.run(tiny_cfg(models=("mamba2",)), tmp_path / "plain")["stopped_step"]["mamba2"] == [-1, -1]
+    assert cfg.fingerprint("mamba2") != dataclasses.replace(cfg, stop_thr=None).fingerprint("mamba2")
+    for bad in (0.0, 1.5):
+        with pytest.raises(p2.ConfigError, match=f"--stop_thr={bad}: expected a validation accuracy in"):
+            dataclasses.replace(cfg, stop_thr=bad).validate()
+
+
 def test_rows_swap_only_the_transition():
     cfg = tiny_cfg(models=tuple(p2.MODELS))
     widths = {(m.d_model, m.d_state, m.n_layers, m.headdim) for m in map(cfg.model_for, cfg.models)}
