@@ -3,8 +3,9 @@
 SSD writes the transport between tokens s < t of a chunk as P_t P_s^{-1} of cumulative products,
 which cancels catastrophically for a 2x2 block with a growing mode (ssmgate/cores/damped.py). Here
 the transports Phi(t, s) = M_t ... M_{s+1} of every pair (t, s) of a chunk are instead built forward,
-one token at a time: Phi(t, .) = M_t Phi(t-1, .), with Phi(t, t) = I. Each step multiplies
-contracting 2x2 matrices (every transition has spectral radius <= 1), so nothing grows or cancels.
+one token at a time: Phi(t, .) = M_t Phi(t-1, .), with Phi(t, t) = I. Nothing is inverted, and
+every transition has spectral radius < 1 (the products are the decaying transports themselves),
+so no factor grows and no difference cancels.
 The cost is O(Q^2 r) per chunk and head for those products, against the O(Q p n) of the state work,
 so chunks stay short (16-32). With the transports the chunk is computed as SSD does: an
 attention-like kernel K[t, s] = sum_i C_t,i^T Phi_i(t, s) B_s,i inside the chunk, each chunk's state
