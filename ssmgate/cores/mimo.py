@@ -213,7 +213,7 @@ def chunked_mimo(xs_bthRp, logdecay_bth, blocks, h0_bhpn, chunk: int, xdiag_bthR
     xs = chunk_time(xs_bthRp, q)
     nc = xs.shape[1]
     blocks = [(chunk_time(B, q), chunk_time(C, q)) for B, C in blocks]
-    cum_bcqh, decay_bchqs = segment_decays(chunk_time(logdecay_bth, q))
+    cum_bcqh, decay_bchqs, to_end_bcqh = segment_decays(chunk_time(logdecay_bth, q))
 
     # Intra-chunk scores between (token q, rank k) reads and (token s, rank j) writes.
     cb_bchqksj = 0.0
@@ -223,7 +223,6 @@ def chunked_mimo(xs_bthRp, logdecay_bth, blocks, h0_bhpn, chunk: int, xdiag_bthR
     y = jnp.einsum("bchqksj,bcshjp->bcqhkp", scores, xs)
 
     # Chunk states: contributions of each chunk to the state at its end.
-    to_end_bcqh = jnp.exp(cum_bcqh[:, :, -1:, :] - cum_bcqh)
     xw = xs * to_end_bcqh[..., None, None]
     states = []
     for B, _ in blocks:

@@ -13,6 +13,7 @@ from tests.cores import common as cm
 
 REF_TOL = 1e-5      # fp32 vs the float64 reference (outputs and final states)
 GRAD_TOL = 1e-4     # gradients of every algorithm vs the sequential one
+EXTREME_GRAD_TOL = 1e-5  # the same at dt*|A| in [1e-6, 50]: segment sums that cancel show up here first
 PAIR_TOL = 2e-5     # two fp32 algorithms that each sit within REF_TOL of the reference
 GRAD_CASE = cm.Case("grad13", b=2, t=13, h=4, p=3, g=2, n=8, r=2, chunk=4)  # 3 chunks + 1 token
 
@@ -116,7 +117,7 @@ def check_extreme(core, algorithm, regime, rng):
     want, _ = cm.grad_runner(core, "sequential", None, regime)(inp, proj)
     got, want = _grad_leaves(grads), _grad_leaves(want)
     errors = {k: cm.rel_err(got[k], w) for k, w in want.items()}
-    assert max(errors.values()) <= GRAD_TOL, f"extreme decays: gradient errors vs sequential {errors}"
+    assert max(errors.values()) <= EXTREME_GRAD_TOL, f"extreme decays: gradient errors vs sequential {errors}"
 
 
 def check_half(core, algorithm, dtype, regime=None):

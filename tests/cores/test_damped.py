@@ -18,10 +18,16 @@ CORE = "damped"
 ALGS = cm.EXPLICIT[CORE]
 REGIMES = cm.REGIMES
 
+# Every length in the underdamped regime; the other two at t = 65 (chunk boundaries, a ragged last
+# chunk, an initial state), t = 1000 and the all-options-off case. The regimes differ only in the
+# closed-form transition, which test_transition_matches_expm checks for all three on its own.
 REF_PARAMS = (
-    [(cm.full(t), regime) for t in cm.FULL_LENGTHS for regime in REGIMES]
+    [(cm.full(t), "under") for t in cm.FULL_LENGTHS]
+    + [(cm.full(65), "critical"), (cm.full(65), "over")]
     + [(cm.LONG, "under"), (cm.LONG, "over"), (cm.PLAIN, "under"), (cm.PLAIN, "critical")]
 )
+# Every split point underdamped; one (pieces of 64 and 1 tokens, compiled by REF_PARAMS) for the others.
+SPLIT_PARAMS = [(k, "under") for k in cm.SPLIT_POINTS] + [(64, "critical"), (64, "over")]
 
 
 @pytest.mark.parametrize("case,regime", REF_PARAMS, ids=[f"{c.name}-{r}" for c, r in REF_PARAMS])
@@ -48,8 +54,7 @@ def test_step_equals_parallel(case, regime):
     checks.check_step(CORE, case, regime)
 
 
-@pytest.mark.parametrize("regime", REGIMES)
-@pytest.mark.parametrize("k", cm.SPLIT_POINTS)
+@pytest.mark.parametrize("k,regime", SPLIT_PARAMS, ids=[f"{k}-{r}" for k, r in SPLIT_PARAMS])
 @pytest.mark.parametrize("algorithm", ALGS)
 def test_split_equals_whole(algorithm, k, regime):
     checks.check_split(CORE, algorithm, k, regime)
