@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.subprocess_env import with_cpu_devices
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--program=train", "--block=mamba2", "--vocab_size=16", "--d_model=32", "--n_layers=2", "--d_state=8",
         "--headdim=16", "--batch=8", "--lr=3e-3", "--seq_len=15", "--task=copy", "--tensorboard=false"]
@@ -91,7 +93,7 @@ def test_sigkill_mid_run_then_restart_ends_bit_identical(tmp_path):
     assert train_losses(run_dir) == train_losses(tmp_path / "ref")  # each step logged once, same values
 
 
-EIGHT = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+EIGHT = with_cpu_devices(8)
 
 
 def test_sharded_training_on_8_devices_matches_one_device(tmp_path):
@@ -117,7 +119,7 @@ def _free_port():
 @pytest.mark.slow
 def test_two_processes_joined_by_jax_distributed_agree_with_one(tmp_path):
     args = [*TINY, "--steps=6", "--log_every=1", "--mesh_data=2"]
-    one = run_main(*args, f"--run_dir={tmp_path / 'one'}", env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2"))
+    one = run_main(*args, f"--run_dir={tmp_path / 'one'}", env=with_cpu_devices(2))
     assert one.returncode == 0, one.stderr[-2000:]
     port = _free_port()
     procs = [subprocess.Popen([sys.executable, "-m", "ssmgate.main", *args, "--distributed",

@@ -1,9 +1,10 @@
 """The BFCL python-simple checker: parsing, the simple-function rules, the hallucination counter,
-aggregation, and (when the data is at /tmp/bfcl_x) agreement with every real possible answer."""
+aggregation, and agreement with every real possible answer (the data `make venv` installs)."""
 import json
-from pathlib import Path
 
 import pytest
+
+from ssmgate.tasks import bfcl
 
 from ssmgate.tasks.bfcl_checker import (Call, CheckResult, called_name, check_call, is_hallucination, parse_call,
                                        score)
@@ -221,9 +222,6 @@ def test_score():
 
 # ---------------------------------------------------------------- the real data
 
-BFCL_DATA = Path("/tmp/bfcl_x/bfcl_eval/data")
-
-
 def _first(accepted):
     """A concrete value from an acceptable one: a nested answer dict {key: [values]} becomes a dict of
     the first non-"" value of each key that may not be omitted; lists are made concrete element-wise."""
@@ -235,9 +233,8 @@ def _first(accepted):
 
 
 def test_first_acceptable_values_pass_on_real_data():
-    questions, answers = BFCL_DATA / "BFCL_v4_simple_python.json", BFCL_DATA / "possible_answer/BFCL_v4_simple_python.json"
-    if not (questions.is_file() and answers.is_file()):
-        pytest.skip(f"BFCL data not found under {BFCL_DATA}")
+    root = bfcl.data_dir()
+    questions, answers = root / bfcl.QUESTIONS, root / bfcl.ANSWERS
     docs = [json.loads(line) for line in questions.read_text().splitlines() if line.strip()]
     gts = [json.loads(line) for line in answers.read_text().splitlines() if line.strip()]
     assert len(docs) == len(gts) == 400

@@ -16,6 +16,7 @@ import optax
 import pytest
 
 from ssmgate.train.checkpoint import CheckpointError, Checkpointer
+from tests.subprocess_env import with_cpu_devices
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -209,8 +210,7 @@ print("restored-on-8")
 
 
 def run_child(code, *args, devices=1):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    env = with_cpu_devices(devices, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=120)
 

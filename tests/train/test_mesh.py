@@ -21,6 +21,7 @@ from ssmgate.train import mesh as M
 from ssmgate.train.optim import OptimCfg, make_optimizer, set_learning_rate
 from ssmgate.train.state import TrainState
 from ssmgate.tree_paths import path_str
+from tests.subprocess_env import with_cpu_devices
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -246,8 +247,7 @@ def sharded_training_main():
 
 @pytest.fixture(scope="module")
 def sharded_run():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(REPO))
+    env = with_cpu_devices(8, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
     res = subprocess.run([sys.executable, __file__], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stderr[-4000:]
