@@ -291,14 +291,14 @@ def _last_prediction(inputs, task, transition):
 @pytest.mark.parametrize("task", ["parity", "mod3"])
 def test_c16_constant_rotation_or_real_decay_is_at_chance(task):
     cfg = st.StateTrackDataCfg(task=task)
-    n_chunks, chunk = 8, 512  # 4,096 random sequences: chance + 0.02 is > 2.5 standard errors
+    n_chunks, chunk = 2, 512  # 1,024 random sequences: chance + 0.04 is > 2.5 standard errors
     batches = [_fixed(k, cfg, T_C16 + 1, chunk) for k in jax.random.split(jax.random.key(12), n_chunks)]
     answers = np.concatenate([np.asarray(b.targets[:, -1]) for b in batches])
     for transition in ("constant", "decay"):
         pred = np.concatenate([np.asarray(_last_prediction(b.inputs, task, transition)) for b in batches])
         assert len(np.unique(pred)) == 1  # the same answer whatever the input: no state is tracked
         acc = float(np.mean(pred == answers))
-        assert acc <= st.CHANCE[task] + 0.02, (transition, acc)
+        assert acc <= st.CHANCE[task] + 0.04, (transition, acc)
 
 
 def test_handset_counter_errors():
