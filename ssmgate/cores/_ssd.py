@@ -78,7 +78,7 @@ def segment_decays(logdecay_bcqh):
     cum_bcqh = jnp.cumsum(logdecay_bcqh, axis=2)
     logdecay_bchq = jnp.swapaxes(logdecay_bcqh, 2, 3)
     later = jnp.tril(jnp.ones((q, q), dtype=bool), -1)           # [k, s]: k > s
-    seg_bchqs = jnp.cumsum(jnp.where(later, logdecay_bchq[..., :, None], 0.0), axis=-2)  # sum_{s<k<=t} l_k
+    seg_bchqs = jax.lax.associative_scan(jnp.add, jnp.where(later, logdecay_bchq[..., :, None], 0.0), axis=-2)  # sum_{s<k<=t} l_k
     causal = jnp.tril(jnp.ones((q, q), dtype=bool))
     # Masking before exp keeps exp finite and its gradient clean.
     decay_bchqs = jnp.exp(jnp.where(causal, seg_bchqs, -jnp.inf))
