@@ -5,7 +5,6 @@ import json
 import pytest
 
 from ssmgate.tasks import bfcl
-
 from ssmgate.tasks.bfcl_checker import (Call, CheckResult, called_name, check_call, is_hallucination, parse_call,
                                        score)
 

@@ -5,7 +5,6 @@ training runs this file as a script in a subprocess with 8 fake CPU devices (XLA
 set before jax starts, and must not leak into the rest of the test session).
 """
 import json
-import os
 import re
 import subprocess
 import sys
