@@ -16,6 +16,7 @@ from ssmgate import reproduce
 from ssmgate.programs import p1_fig1, p1_fig1_report
 from ssmgate.programs.grids import parse_grid
 from ssmgate.theory import gating as theory
+from tests.main_runs import run_many
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = {
@@ -68,22 +69,29 @@ def test_grid_parser():
         parse_grid("alpha0", "abc")
 
 
-def run_main(*args, cwd=REPO):
-    return subprocess.run([sys.executable, "-m", "ssmgate.main", *args], cwd=cwd, capture_output=True, text=True)
-
-
-@pytest.mark.parametrize("args, message", [
+BAD_FLAGS = [
     (["--alpha0=0.5,1.2"], "--alpha0=1.2: expected values in (0, 1)"),
     (["--panel=x"], "--panel=x: expected one of a, b, c, d"),
     (["--ell=2"], "--delta=4: expected an integer in [1, ell=2]"),
     (["--eps=-0.2"], "--eps=-0.2: expected a label-flip probability in (0, 0.5)"),
     (["--delta=near"], "--delta=near: expected an integer distance"),
-])
-def test_main_stops_at_startup_on_a_bad_flag(tmp_path, args, message):
-    run_dir = tmp_path / "run"
-    res = run_main("--flagfile=experiments/p1/quick/fig1a.flags", f"--run_dir={run_dir}", *args)
+]
+
+
+@pytest.fixture(scope="module")
+def bad_flag_runs(tmp_path_factory):
+    """Every BAD_FLAGS case through the entry point, in one child process: [(run dir, Result)]."""
+    run_dirs = [tmp_path_factory.mktemp("bad_flag") / "run" for _ in BAD_FLAGS]
+    results = run_many([["--flagfile=experiments/p1/quick/fig1a.flags", f"--run_dir={d}", *args]
+                        for (args, _), d in zip(BAD_FLAGS, run_dirs)])
+    return list(zip(run_dirs, results))
+
+
+@pytest.mark.parametrize("case", range(len(BAD_FLAGS)), ids=[" ".join(a) for a, _ in BAD_FLAGS])
+def test_main_stops_at_startup_on_a_bad_flag(bad_flag_runs, case):
+    run_dir, res = bad_flag_runs[case]
     assert res.returncode != 0
-    assert message in res.stderr
+    assert BAD_FLAGS[case][1] in res.stderr, res.stderr[-2000:]
     assert not run_dir.exists()  # nothing ran
 
 
@@ -110,7 +118,7 @@ def test_every_flag_file_is_valid():
 
 
 def test_dry_run_checks_and_runs_nothing(tmp_path):
-    res = run_main("--flagfile=experiments/p1/fig1c.flags", "--dry_run", f"--run_dir={tmp_path / 'run'}")
+    [res] = run_many([["--flagfile=experiments/p1/fig1c.flags", "--dry_run", f"--run_dir={tmp_path / 'run'}"]])
     assert res.returncode == 0, res.stderr[-2000:]
     assert "panel='c'" in res.stdout and not (tmp_path / "run").exists()
 

@@ -5,8 +5,6 @@ import csv
 import dataclasses
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -22,6 +20,7 @@ from ssmgate.programs.p1_kv import t_interval
 from ssmgate.tasks import horn
 from ssmgate.tasks import horn_ranking as hr
 from ssmgate.train import loop, mesh, optim, sweep
+from tests.main_runs import run_many
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = {"program", "regime", "horn", "replicas", "replica_offset", "replica_seed", "offsets", "seeds", "steps",
@@ -235,18 +234,6 @@ def test_flags_build_the_sweep(parse):
     assert parse("--escape_thr=0.5", "--stop_thr=0.9").stop == sweep.StopRule("accuracy", 0.5, 0.9)
 
 
-CHECK_FLAG_FILES = """
-import sys
-from absl import flags
-import ssmgate.main as main
-for path in sys.argv[1:]:
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS(["ssmgate.main", "--flagfile=" + path, "--dry_run"])
-    print("=== " + path, flush=True)
-    main.main(["ssmgate.main"])
-"""
-
-
 def test_every_flag_file_dry_runs():
     files = sorted((REPO / "experiments" / "p1").rglob("horn_*.flags"))
     assert len(files) == 9  # (retrieval, lengen, transformer) x (paper, cpu, quick)
@@ -254,11 +241,10 @@ def test_every_flag_file_dry_runs():
         text = f.read_text()
         assert text.startswith("# P1 Figure 3") and "ESTIMATE" not in text and "--program=p1_horn" in text, f
         assert "--opt_name=muon" in text and "--lr=1e-3" in text and "--opt_final_lr_frac=0.0" in text, f
-    res = subprocess.run([sys.executable, "-c", CHECK_FLAG_FILES, *map(str, files)], cwd=REPO, capture_output=True,
-                         text=True)
-    assert res.returncode == 0, res.stderr[-3000:]
-    parts = dict(p.split("\n", 1) for p in res.stdout.split("=== ")[1:])
-    assert len(parts) == 9
+    parts = {}
+    for path, res in zip(files, run_many([[f"--flagfile={path}", "--dry_run"] for path in files])):
+        assert res.returncode == 0, (path, res.stderr[-3000:])
+        parts[str(path)] = res.stdout
     paper = parts[str(REPO / "experiments/p1/horn_retrieval.flags")]
     assert "replicas (21, one vmapped sweep): offsets -7.3, -3, -0.2, 1.6, 2.3, 2.9, 4.3 x seeds 0..2" in paper
     assert "K = 128 clauses per layer" in paper and "total_steps=300000" in paper and "warmup_steps=30000" in paper

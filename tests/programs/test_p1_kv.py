@@ -4,8 +4,6 @@ and the report from made-up summaries."""
 import csv
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +16,7 @@ from ssmgate.programs import p1_kv_report as report
 from ssmgate.programs.config_error import ConfigError
 from ssmgate.tasks import kv_retrieval as kv
 from ssmgate.train import loop, mesh, optim
+from tests.main_runs import run_many
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = {"replicas", "offsets", "seeds", "escape_step", "escape_step_by_offset", "plateau_accuracy", "escape_fit",
@@ -174,26 +173,13 @@ def test_flags_build_the_sweep(parse):
     assert parse("--preset=p1_kv_gpt_neox", "--n_heads=4", "--offsets=0").model.block == "gpt_neox"
 
 
-CHECK_FLAG_FILES = """
-import sys
-from absl import flags
-import ssmgate.main as main
-for path in sys.argv[1:]:
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS(["ssmgate.main", "--flagfile=" + path, "--dry_run"])
-    print("=== " + path, flush=True)
-    main.main(["ssmgate.main"])
-"""
-
-
 def test_every_flag_file_dry_runs():
     files = sorted((REPO / "experiments" / "p1").rglob("kv_*.flags"))
     assert len(files) == 9  # (best_first, best_last, transformer) x (paper, cpu, quick)
-    res = subprocess.run([sys.executable, "-c", CHECK_FLAG_FILES, *map(str, files)], cwd=REPO, capture_output=True,
-                         text=True)
-    assert res.returncode == 0, res.stderr[-3000:]
-    parts = dict(p.split("\n", 1) for p in res.stdout.split("=== ")[1:])
-    assert len(parts) == 9
+    parts = {}
+    for path, res in zip(files, run_many([[f"--flagfile={path}", "--dry_run"] for path in files])):
+        assert res.returncode == 0, (path, res.stderr[-3000:])
+        parts[str(path)] = res.stdout
     paper = parts[str(REPO / "experiments/p1/kv_best_first.flags")]
     assert "replicas (50, one vmapped sweep): offsets -10, -4, -3, -2, -1.5, -1, -0.5, 0, 0.5, 1" in paper
     assert "10154 tokens" in paper and "total           90,423,744" in paper
@@ -206,8 +192,8 @@ def test_every_flag_file_dry_runs():
 
 
 def test_main_rejects_offsets_on_a_transformer(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "ssmgate.main", "--flagfile=experiments/p1/quick/kv_transformer.flags",
-                          "--offsets=0,2", f"--run_dir={tmp_path / 'run'}"], cwd=REPO, capture_output=True, text=True)
+    [res] = run_many([["--flagfile=experiments/p1/quick/kv_transformer.flags", "--offsets=0,2",
+                       f"--run_dir={tmp_path / 'run'}"]])
     assert res.returncode != 0 and "--offsets=0,2: gate offsets act on Mamba-2's A_log" in res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "run").exists()
 

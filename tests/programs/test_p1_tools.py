@@ -3,8 +3,6 @@ tool-calling prompts, decoded and scored at every pool size; resume, bad inputs,
 import dataclasses
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -18,6 +16,7 @@ from ssmgate.programs.config_error import ConfigError
 from ssmgate.train import loop, mesh as meshlib, optim, sweep
 from ssmgate.train.checkpoint import Checkpointer
 from ssmgate.train.state import TrainState
+from tests.main_runs import run_many
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ModelCfg(block="mamba2", vocab_size=258, d_model=16, n_layers=1, d_state=8, headdim=8, expand=2)
@@ -123,8 +122,7 @@ def test_the_report_section(finished, tmp_path):
 
 
 def test_flag_files_dry_run():
-    for path in ("experiments/p1/tools_sft.flags", "experiments/p1/cpu/tools_sft.flags"):
-        res = subprocess.run([sys.executable, "-m", "ssmgate.main", f"--flagfile={path}", "--dry_run"], cwd=REPO,
-                             capture_output=True, text=True)
+    paths = ("experiments/p1/tools_sft.flags", "experiments/p1/cpu/tools_sft.flags")
+    for path, res in zip(paths, run_many([[f"--flagfile={path}", "--dry_run"] for path in paths])):
         assert res.returncode == 0, (path, res.stderr[-2000:])
         assert "gate scales: 0.06, 0.12, 0.25, 1, 4, 8, 16 (one vmapped sweep)" in res.stdout

@@ -3,8 +3,6 @@ interventions, resuming both, edited checkpoints, the report section, flags and 
 import dataclasses
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -19,6 +17,7 @@ from ssmgate.programs.p2_lm_eval import CELLS_FILE, LongEvalCfg
 from ssmgate.tasks import text_corpus, text_packing
 from ssmgate.train import loop, mesh as meshlib, optim
 from ssmgate.train.checkpoint import CheckpointError
+from tests.main_runs import run_many
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ModelCfg(block="mamba3", vocab_size=258, d_model=16, n_layers=2, d_state=8, headdim=8, expand=2)
@@ -201,11 +200,11 @@ def test_flag_files_dry_run():
     # (rope05, rope0) x (paper, cpu, quick); the paper ones include experiments/models/p2_lm_187m_*.flags,
     # which test_train_lm dry-runs with the paper's sizes.
     assert len(sorted((REPO / "experiments" / "p2").rglob("lm_*.flags"))) == 6
-    for path in ("experiments/p2/cpu/lm_rope05.flags", "experiments/p2/quick/lm_rope0.flags"):
-        res = subprocess.run([sys.executable, "-m", "ssmgate.main", f"--flagfile={path}", "--dry_run"], cwd=REPO,
-                             capture_output=True, text=True)
+    paths = ("experiments/p2/cpu/lm_rope05.flags", "experiments/p2/quick/lm_rope0.flags")
+    *results, bad = run_many([[f"--flagfile={path}", "--dry_run"] for path in paths] +
+                             [["--flagfile=experiments/p2/quick/lm_rope05.flags", "--init_official=x.safetensors",
+                               "--dry_run"]])
+    for path, res in zip(paths, results):
         assert res.returncode == 0, (path, res.stderr[-2000:])
         assert "long_eval: LongEvalCfg(" in res.stdout and "mesh {" in res.stdout
-    bad = subprocess.run([sys.executable, "-m", "ssmgate.main", "--flagfile=experiments/p2/quick/lm_rope05.flags",
-                          "--init_official=x.safetensors", "--dry_run"], cwd=REPO, capture_output=True, text=True)
     assert bad.returncode != 0 and "drop --steps" in bad.stderr and "Traceback" not in bad.stderr

@@ -2,8 +2,6 @@
 flags and the paper flag files."""
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +12,7 @@ from ssmgate.models import presets
 from ssmgate.programs import p2_state_tracking as p2
 from ssmgate.tasks import state_tracking as st
 from ssmgate.train import loop, mesh, optim
+from tests.main_runs import run_many
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -98,28 +97,27 @@ def test_rows_swap_only_the_transition():
         ["native", "over", "critical", "static"]
 
 
-def run_main(*args):
-    return subprocess.run([sys.executable, "-m", "ssmgate.main", *args], cwd=REPO, capture_output=True, text=True)
-
-
 def test_paper_flag_files_dry_run_and_bad_flags_name_themselves():
-    for task in ("parity", "mod3", "arith"):
-        res = run_main(f"--flagfile=experiments/p2/state_tracking_{task}.flags", "--dry_run")
-        assert res.returncode == 0, res.stderr[-2000:]
-        assert "0.0001, 0.000193" in res.stdout and "underdamped_companion" in res.stdout
-    for scale in ("cpu", "quick"):
-        for task in ("parity", "mod3", "arith"):
-            res = run_main(f"--flagfile=experiments/p2/{scale}/state_tracking_{task}.flags", "--dry_run")
-            assert res.returncode == 0, res.stderr[-2000:]
-            rows = [line.split(":")[0].strip() for line in res.stdout.splitlines() if "parameters" in line]
-            assert rows == list(p2.TABLE_MODELS), rows
-            changes = " ".join(reproduce.changes_from_paper("p2", f"state_tracking_{task}", scale))
-            assert "a_activation: (unset) -> softplus" in changes and "steps: 10000 ->" in changes
+    tasks = ("parity", "mod3", "arith")
+    files = [f"experiments/p2/state_tracking_{task}.flags" for task in tasks]
+    files += [f"experiments/p2/{scale}/state_tracking_{task}.flags" for scale in ("cpu", "quick") for task in tasks]
     base = ["--program=p2_state_tracking", "--steps=5", "--batch=4", "--lr=1e-3", "--dry_run"]
-    for extra, message in ((["--task=copy"], "--task=copy: expected one of parity, mod3, arith"),
-                           (["--task=parity", "--models=gru"], "--models=gru: expected some of"),
-                           (["--task=arith", "--l_min=4"], "--l_min=4"),
-                           (["--task=parity", "--l_max0=200"], "--l_max1=160: expected >= L_max0 = 200"),
-                           (["--task=mod3", "--hold_steps=-1"], "--hold_steps=-1: expected >= 0")):
-        res = run_main(*base, *extra)
+    bad = ((["--task=copy"], "--task=copy: expected one of parity, mod3, arith"),
+           (["--task=parity", "--models=gru"], "--models=gru: expected some of"),
+           (["--task=arith", "--l_min=4"], "--l_min=4"),
+           (["--task=parity", "--l_max0=200"], "--l_max1=160: expected >= L_max0 = 200"),
+           (["--task=mod3", "--hold_steps=-1"], "--hold_steps=-1: expected >= 0"))
+    results = run_many([[f"--flagfile={f}", "--dry_run"] for f in files] + [[*base, *extra] for extra, _ in bad])
+    for path, res in zip(files, results):
+        assert res.returncode == 0, (path, res.stderr[-2000:])
+        scale = path.split("/")[2] if path.count("/") == 3 else "paper"
+        task = path.rsplit("_", 1)[1].split(".")[0]
+        if scale == "paper":
+            assert "0.0001, 0.000193" in res.stdout and "underdamped_companion" in res.stdout
+            continue
+        rows = [line.split(":")[0].strip() for line in res.stdout.splitlines() if "parameters" in line]
+        assert rows == list(p2.TABLE_MODELS), (path, rows)
+        changes = " ".join(reproduce.changes_from_paper("p2", f"state_tracking_{task}", scale))
+        assert "a_activation: (unset) -> softplus" in changes and "steps: 10000 ->" in changes
+    for (extra, message), res in zip(bad, results[len(files):]):
         assert res.returncode != 0 and message in res.stderr, (extra, res.stderr[-1500:])

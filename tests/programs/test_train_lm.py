@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.main_runs import run_many
 from tests.subprocess_env import with_cpu_devices
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +34,7 @@ def train_losses(run_dir):
     return [r["loss"] for r in map(json.loads, lines) if r["kind"] == "train"]
 
 
-@pytest.mark.parametrize("args, message", [
+BAD_FLAGS = [
     (["--d_model=-3"], "--d_model=-3: expected an integer >= 1"),
     (["--opt_name=rmsprop"], "--opt_name='rmsprop': expected one of"),
     (["--block=rnn"], "--block='rnn'"),
@@ -42,19 +43,31 @@ def train_losses(run_dir):
     (["--d_modle=3"], "Unknown command line flag 'd_modle'"),
     (["--steps=abc"], "flag --steps=abc"),
     (["--sweep_lrs=1e-3,-1"], "--sweep_lrs=1e-3,-1"),
-])
-def test_a_bad_flag_fails_with_its_name(tmp_path, args, message):
-    res = run_main(*TINY, "--steps=3", *args, f"--run_dir={tmp_path / 'run'}")
+]
+
+
+@pytest.fixture(scope="module")
+def bad_flag_runs(tmp_path_factory):
+    """Every BAD_FLAGS case through the entry point, in one child process: [(run dir, Result)]."""
+    run_dirs = [tmp_path_factory.mktemp("bad_flag") / "run" for _ in BAD_FLAGS]
+    results = run_many([[*TINY, "--steps=3", *args, f"--run_dir={d}"] for (args, _), d in zip(BAD_FLAGS, run_dirs)])
+    return list(zip(run_dirs, results))
+
+
+@pytest.mark.parametrize("case", range(len(BAD_FLAGS)), ids=[" ".join(a) for a, _ in BAD_FLAGS])
+def test_a_bad_flag_fails_with_its_name(bad_flag_runs, case):
+    message = BAD_FLAGS[case][1]
+    run_dir, res = bad_flag_runs[case]
     assert res.returncode != 0
     assert message in res.stderr, res.stderr[-2000:]
     assert "Traceback" not in res.stderr
+    assert not (run_dir / "summary.json").exists()
 
 
 def test_every_paper_model_file_dry_runs_with_the_papers_size():
     files = sorted((REPO / "experiments" / "models").glob("*.flags"))
     assert len(files) == 10
-    for path in files:
-        res = run_main(f"--flagfile={path}", "--dry_run")
+    for path, res in zip(files, run_many([[f"--flagfile={path}", "--dry_run"] for path in files])):
         assert res.returncode == 0, (path, res.stderr[-2000:])
         out = res.stdout
         assert "parameters of p" in out and "total" in out and "mesh {" in out and "embed/embedding" in out

@@ -1,0 +1,56 @@
+"""`python -m ssmgate.main` for many argument lists in one child process.
+
+Each run of the entry point in its own interpreter pays Python's and JAX's start-up (about 3 s of
+the 4-7 s a dry run takes on 2 cores). `run_many` starts one child that runs absl's `app.run` on
+ssmgate.main's `main` once per argument list, with the flags reset in between, and returns for
+each what a separate process would have given: the exit status, stdout and stderr (an uncaught
+exception's traceback included). Use it for dry runs and start-up flag checks; runs that train,
+are killed or need their own devices keep their own processes.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import NamedTuple, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+
+_CHILD = r"""
+import contextlib, io, json, sys, traceback
+from absl import app, flags
+import ssmgate.main
+
+results = []
+for argv in json.loads(sys.stdin.read()):
+    flags.FLAGS.unparse_flags()   # app.run re-parses on a rerun; values of the previous run must not leak
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            app.run(ssmgate.main.main, argv=["ssmgate.main", *argv])
+        except SystemExit as e:
+            code = 0 if e.code is None else (e.code if isinstance(e.code, int) else 1)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+    results.append([code, out.getvalue(), err.getvalue()])
+sys.stdout.write("\n=== results ===\n" + json.dumps(results))
+"""
+
+
+class Result(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_many(arg_lists: Sequence[Sequence[str]], env: dict | None = None, cwd: Path = REPO) -> list[Result]:
+    """One Result per argument list, in order."""
+    proc = subprocess.run([sys.executable, "-c", _CHILD], input=json.dumps([list(a) for a in arg_lists]),
+                          cwd=cwd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0 or "\n=== results ===\n" not in proc.stdout:
+        raise RuntimeError(f"the child running ssmgate.main failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    results = json.loads(proc.stdout.split("\n=== results ===\n")[-1])
+    return [Result(*r) for r in results]
