@@ -15,6 +15,7 @@ compares native with phase removal).
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax
@@ -63,32 +64,42 @@ def book_statistics(cfg: ModelCfg, params, tokens, windows: Sequence[tuple], int
         if not 0 <= lo < hi <= len(tokens):
             raise ValueError(f"book_statistics: window [{lo}, {hi}) outside the {len(tokens)} tokens; expected "
                              f"0 <= lo < hi <= {len(tokens)}")
-    model = intervened_model(cfg, intervention)
-    bounds = jnp.asarray(windows, jnp.int32)                           # (w, 2)
-    layers, h = cfg.n_layers, cfg.n_ssm_heads
-
-    def step(carry, inp):
-        cache, sums = carry
-        t, token = inp
-        (_, new_cache), inter = model.apply({"params": params}, token[None, None], cache, mutable=["intermediates"])
-        cos_l, sq_l = [], []
-        for i in range(layers):
-            alpha = inter["intermediates"][f"layers_{i}"]["mixer"]["decay"][0][0, 0]   # (H,)
-            c, ss, *_ = step_terms(cache[i].h[0], new_cache[i].h[0], alpha)
-            cos_l.append(c)
-            sq_l.append(ss)
-        inside = ((t >= bounds[:, 0]) & (t < bounds[:, 1])).astype(jnp.float32)[:, None, None]  # (w, 1, 1)
-        cos_sum, sq_sum = sums
-        sums = (cos_sum + inside * jnp.stack(cos_l), sq_sum + inside * jnp.stack(sq_l))
-        return (new_cache, sums), None
-
-    zeros = jnp.zeros((len(windows), layers, h), jnp.float32)
-    (_, (cos_sum, sq_sum)), _ = jax.jit(lambda toks: jax.lax.scan(
-        step, (_zero_cache(cfg), (zeros, zeros)), (jnp.arange(len(toks)), toks)))(jnp.asarray(tokens, jnp.int32))
+    cos_sum, sq_sum = _window_sums_fn(cfg, intervention)(params, jnp.asarray(windows, jnp.int32),
+                                                         jnp.asarray(tokens, jnp.int32))
     counts = np.asarray([hi - lo for lo, hi in windows], np.float64)[:, None, None]
     cos_mean = np.asarray(cos_sum, np.float64) / counts
     sq_mean = np.asarray(sq_sum, np.float64) / counts
     return {tuple(w): {"cosine": cos_mean[k], "sq_norm": sq_mean[k]} for k, w in enumerate(windows)}
+
+
+@functools.lru_cache(maxsize=32)
+def _window_sums_fn(cfg: ModelCfg, intervention: Intervention):
+    """Jitted (params, bounds (w, 2), tokens (t,)) -> the per-window sums of the step cosine and |S|^2,
+    (w, layers, H) each; one compiled program per model, intervention and shape, reused across books."""
+    model = intervened_model(cfg, intervention)
+    layers, h = cfg.n_layers, cfg.n_ssm_heads
+
+    def window_sums(params, bounds, tokens):
+        def step(carry, inp):
+            cache, sums = carry
+            t, token = inp
+            (_, new_cache), inter = model.apply({"params": params}, token[None, None], cache,
+                                                mutable=["intermediates"])
+            cos_l, sq_l = [], []
+            for i in range(layers):
+                alpha = inter["intermediates"][f"layers_{i}"]["mixer"]["decay"][0][0, 0]   # (H,)
+                c, ss, *_ = step_terms(cache[i].h[0], new_cache[i].h[0], alpha)
+                cos_l.append(c)
+                sq_l.append(ss)
+            inside = ((t >= bounds[:, 0]) & (t < bounds[:, 1])).astype(jnp.float32)[:, None, None]  # (w, 1, 1)
+            cos_sum, sq_sum = sums
+            return (new_cache, (cos_sum + inside * jnp.stack(cos_l), sq_sum + inside * jnp.stack(sq_l))), None
+
+        zeros = jnp.zeros((bounds.shape[0], layers, h), jnp.float32)
+        (_, sums), _ = jax.lax.scan(step, (_zero_cache(cfg), (zeros, zeros)), (jnp.arange(tokens.shape[0]), tokens))
+        return sums
+
+    return jax.jit(window_sums)
 
 
 def summarise(per_head: dict) -> dict:

@@ -36,19 +36,27 @@ def sequence_scores(model, params, tokens_bl: np.ndarray, weights_bl: np.ndarray
     times `weights_bl` (b, L - 1; weight of target j = token j + 1), run in pieces carrying the
     cache: two (b, L - 1) arrays."""
     if piece_len < 1:
-        raise ValueError(f"sequence_nll: piece_len={piece_len}; expected >= 1")
+        raise ValueError(f"sequence_scores: piece_len={piece_len}; expected >= 1")
     tokens_bl = np.asarray(tokens_bl, np.int32)
     b, length = tokens_bl.shape
+    n_targets = length - 1
+    # Every piece has one length (a compiled program per model, not one more for a ragged last piece):
+    # a single piece is rounded up to a power of two (windows of 2^k tokens have 2^k - 1 targets), longer
+    # rows to a multiple of piece_len. The padded targets weigh 0 and come after every real one (causal).
+    piece = min(piece_len, 1 << max(n_targets - 1, 0).bit_length())
+    padded = -(-n_targets // piece) * piece
+    tokens_bl = np.pad(tokens_bl, ((0, 0), (0, padded - n_targets)))
+    weights_bl = np.pad(np.asarray(weights_bl, np.float32), ((0, 0), (0, padded - n_targets)))
     run = _piece_fn(model)
-    cache = model.init_cache(b, length - 1)
+    cache = model.init_cache(b, padded)
     nlls, corrects = [], []
-    for lo in range(0, length - 1, piece_len):
-        hi = min(lo + piece_len, length - 1)
+    for lo in range(0, padded, piece):
+        hi = lo + piece
         nll, correct, cache = run(params, tokens_bl[:, lo:hi], tokens_bl[:, lo + 1:hi + 1], weights_bl[:, lo:hi],
                                   cache)
         nlls.append(np.asarray(nll, np.float64))
         corrects.append(np.asarray(correct, np.float64))
-    return np.concatenate(nlls, axis=1), np.concatenate(corrects, axis=1)
+    return np.concatenate(nlls, axis=1)[:, :n_targets], np.concatenate(corrects, axis=1)[:, :n_targets]
 
 
 def sequence_nll(model, params, tokens_bl: np.ndarray, weights_bl: np.ndarray, piece_len: int) -> np.ndarray:

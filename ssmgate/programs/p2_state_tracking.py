@@ -139,7 +139,7 @@ def accuracy_on(model, params, batches) -> float:
 def phase_code(model, params, batch, task: str) -> dict:
     """Per-(head, pair) mean phase increment in degrees for input 0 and input 1 (layer 0), and the
     pair closest to the ideal code (0 and 360/m degrees, m = 2 for parity, 3 for mod 3)."""
-    _, inter = model.apply({"params": params}, batch.inputs, mutable=["intermediates"])
+    inter = jax.jit(lambda p, x: model.apply({"params": p}, x, mutable=["intermediates"])[1])(params, batch.inputs)
     inc_bthr = np.asarray(inter["intermediates"]["layers_0"]["mixer"]["phase_increment"][0], np.float64)
     tokens = np.asarray(batch.inputs)
     per_symbol = []
