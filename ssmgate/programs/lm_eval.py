@@ -2,8 +2,10 @@
 
 A window is run from a zero state in pieces of `piece_len` tokens that carry the model's cache
 (the SSM state; a Transformer's key-value cache sized for the window), so a 64K-token window
-never holds more than one piece's activations and logits. Windows of one size all have the same
-length, so they are batched (`batch` windows at a time, the last group padded with weight 0).
+never holds more than one piece's activations and logits. All pieces of a row have one length
+(a ragged end is padded with targets of weight 0), so a model compiles one piece program for every
+window longer than a piece. Windows of one size all have the same length, so they are batched
+(`batch` windows at a time, the last group padded with weight 0).
 Works for any `ssmgate.models.lm.LanguageModel`, including `interventions.intervened_model`'s.
 """
 from __future__ import annotations

@@ -115,10 +115,12 @@ def test_sharded_training_on_8_devices_matches_one_device(tmp_path):
     assert single.returncode == 0, single.stderr[-2000:]
     reference = train_losses(tmp_path / "one")
     assert len(reference) == 20
-    for name, mesh in [("tp", ["--mesh_data=4", "--mesh_model=2", "--mesh_params=tp"]),
-                       ("fsdp", ["--mesh_data=8", "--mesh_params=fsdp"])]:
-        res = run_main(*args, *mesh, f"--run_dir={tmp_path / name}", env=EIGHT)
-        assert res.returncode == 0, res.stderr[-2000:]
+    meshes = {"tp": ["--mesh_data=4", "--mesh_model=2", "--mesh_params=tp"],
+              "fsdp": ["--mesh_data=8", "--mesh_params=fsdp"]}
+    results = run_many([[*args, *mesh, f"--run_dir={tmp_path / name}"] for name, mesh in meshes.items()], env=EIGHT)
+    for name, res in zip(meshes, results):
+        assert res.returncode == 0, (name, res.stderr[-2000:])
+        assert len(train_losses(tmp_path / name)) == 20
         for a, b in zip(train_losses(tmp_path / name), reference):
             assert abs(a - b) <= 1e-5 * abs(b), (name, a, b)
 
