@@ -1,7 +1,7 @@
 """Long-context evaluation of a language model (SPEC 7.2 PG-19 windows, 7.3 position buckets).
 
 A window is run from a zero state in pieces of `piece_len` tokens that carry the model's cache
-(the SSM state; a Transformer's key-value cache sized for the window), so a 64K-token window
+(the SSM state; a Transformer's key-value cache sized for the padded window), so a 64K-token window
 never holds more than one piece's activations and logits. All pieces of a row have one length
 (a ragged end is padded with targets of weight 0), so a model compiles one piece program for every
 window longer than a piece. Windows of one size all have the same length, so they are batched
