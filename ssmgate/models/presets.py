@@ -43,6 +43,7 @@ Choices where the papers are silent (SPEC §10 items 10, 22):
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -127,7 +128,18 @@ def preset(name: str) -> ModelCfg:
 
 
 def param_shapes(cfg: ModelCfg, seq_len: int = 1) -> dict:
-    """The params pytree of `cfg` as ShapeDtypeStructs (traced by eval_shape: no allocation)."""
+    """The params pytree of `cfg` as ShapeDtypeStructs (traced by eval_shape: no allocation). A fresh
+    copy of a cached tree: a dry run asks for the same model's shapes several times, and tracing a
+    paper-size model's init takes seconds."""
+    try:
+        cached = _traced_param_shapes(cfg, seq_len)
+    except TypeError:  # a config holding an unhashable field (a list): traced without the cache
+        cached = _traced_param_shapes.__wrapped__(cfg, seq_len)
+    return jax.tree.map(lambda leaf: leaf, cached)
+
+
+@functools.lru_cache(maxsize=64)
+def _traced_param_shapes(cfg: ModelCfg, seq_len: int) -> dict:
     model = build_model(cfg)
     tokens = jax.ShapeDtypeStruct((1, seq_len), jnp.int32)
     variables = jax.eval_shape(lambda key, tok: model.init(key, tok), jax.random.key(0), tokens)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ssmgate.models.config import ModelCfg
+from ssmgate.models import presets
 from ssmgate.models.gates import offset_gates
 from ssmgate.models.lm import build_model
 from ssmgate.train import mesh as meshlib, optim, sweep
@@ -48,8 +49,7 @@ def init_params_fn(model, model_cfg: ModelCfg, seq_len: int = 16, base_params=No
 def describe_mesh(model_cfg: ModelCfg, mesh_cfg: meshlib.MeshCfg) -> list[str]:
     """The --dry_run lines of the mesh and of every parameter's sharding on it."""
     mesh, note = meshlib.mesh_for_description(mesh_cfg)
-    params = jax.eval_shape(lambda: build_model(model_cfg).init(
-        jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"])
+    params = presets.param_shapes(model_cfg)
     return ["", f"mesh {dict(mesh.shape)}{note}",
             meshlib.describe_shardings(params, meshlib.param_shardings(params, mesh, mesh_cfg.params))]
 
