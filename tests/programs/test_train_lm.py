@@ -1,5 +1,5 @@
 """The `train` program end to end, in subprocesses: bad flags, dry runs of the paper model files,
-a SIGKILL mid-run, 8 simulated devices, and two processes joined by jax.distributed (slow)."""
+a SIGKILL mid-run, and (slow) 8 simulated devices and two processes joined by jax.distributed."""
 import json
 import os
 import re
@@ -109,6 +109,7 @@ def test_sigkill_mid_run_then_restart_ends_bit_identical(tmp_path):
 EIGHT = with_cpu_devices(8)
 
 
+@pytest.mark.slow  # the default suite checks sharded == one device at the step level (tests/train/test_mesh.py)
 def test_sharded_training_on_8_devices_matches_one_device(tmp_path):
     args = [*TINY, "--steps=20", "--log_every=1", "--block=mamba2"]
     single = run_main(*args, f"--run_dir={tmp_path / 'one'}")
