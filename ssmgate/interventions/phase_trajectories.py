@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from ssmgate.models.lm import LanguageModel
+from ssmgate.models.lm import LanguageModel, sown_intermediates
 
 FULL_TURN = 2.0 * np.pi
 
@@ -33,10 +31,7 @@ def phase_increments(model: LanguageModel, params, tokens) -> np.ndarray:
     tokens = np.asarray(tokens)
     if tokens.ndim != 1:
         raise ValueError(f"phase_increments: tokens of shape {tokens.shape}; expected one sequence (t,)")
-    # jitted: op by op, a forward pass compiles every primitive of the model separately
-    apply = jax.jit(lambda p, x: model.apply({"params": p}, x, mutable=["intermediates"])[1])
-    inter = apply(params, jnp.asarray(tokens, jnp.int32)[None])
-    layers = inter.get("intermediates", {})
+    layers = sown_intermediates(model, params, tokens[None])
     found = [name for name in sorted(layers, key=lambda n: int(n.split("_")[-1]))
              if "phase_increment" in layers[name].get("mixer", {})]
     if not found:

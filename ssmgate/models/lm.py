@@ -20,10 +20,12 @@ Gate parameters therefore live at  layers_{i}/mixer/A_log, layers_{i}/mixer/dt_b
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import flax
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from ssmgate.models.attention import KVCache
@@ -131,3 +133,15 @@ def init_params(cfg: ModelCfg, key, seq_len: int = 8) -> dict:
     """Initial parameters (plain dict pytree, float32) from a (1, seq_len) dummy batch."""
     variables = build_model(cfg).init(key, jnp.zeros((1, seq_len), jnp.int32))
     return flax.core.unfreeze(variables["params"])
+
+
+def sown_intermediates(model: LanguageModel, params, tokens_bt) -> dict:
+    """The `intermediates` collection a forward pass of `tokens_bt` sows ({} if none), by one
+    compiled program per model (op by op, a forward pass would compile every primitive apart)."""
+    return _sown_fn(model)(params, jnp.asarray(tokens_bt, jnp.int32)).get("intermediates", {})
+
+
+@functools.lru_cache(maxsize=16)  # modules hash by their config
+def _sown_fn(model: LanguageModel):
+    return jax.jit(lambda params, tokens: model.apply({"params": params}, tokens, mutable=["intermediates"])[1])
+

@@ -46,7 +46,7 @@ angle increments, the B/C rotation and the head-to-decay assignment inside the f
 Diagnostics: every call sows `intermediates/phase_increment` (b, t, H, r), the per-token phase
 step in radians (dt * theta; for the damped cores the angle of the underdamped rotation, dt * nu),
 and `intermediates/decay` (b, t, H), alpha_t = exp(dt_t A_t) (SPEC 8.3's history factor),
-read with `model.apply(..., mutable=["intermediates"])` (P2's phase-code probe, SPEC 6.3).
+read with `ssmgate.models.lm.sown_intermediates` (P2's phase-code probe, SPEC 6.3).
 
 `__call__(u_btd, cache=None) -> (y_btd, new_cache)`: the cache is the core's final state
 (RotationState, DampedState or MimoState), so a sequence run in pieces equals one run; decoding

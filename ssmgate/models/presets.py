@@ -132,10 +132,10 @@ def param_shapes(cfg: ModelCfg, seq_len: int = 1) -> dict:
     copy of a cached tree: a dry run asks for the same model's shapes several times, and tracing a
     paper-size model's init takes seconds."""
     try:
-        cached = _traced_param_shapes(cfg, seq_len)
-    except TypeError:  # a config holding an unhashable field (a list): traced without the cache
-        cached = _traced_param_shapes.__wrapped__(cfg, seq_len)
-    return jax.tree.map(lambda leaf: leaf, cached)
+        hash(cfg)
+    except TypeError:  # a config holding an unhashable field (a list) is traced without the cache
+        return _traced_param_shapes.__wrapped__(cfg, seq_len)
+    return jax.tree.map(lambda leaf: leaf, _traced_param_shapes(cfg, seq_len))
 
 
 @functools.lru_cache(maxsize=64)

@@ -30,6 +30,7 @@ import numpy as np
 
 from ssmgate.models import presets
 from ssmgate.models.config import ModelCfg
+from ssmgate.models.lm import sown_intermediates
 from ssmgate.programs import lm_runs
 from ssmgate.programs.config_error import ConfigError
 from ssmgate.tasks import state_tracking as st
@@ -139,8 +140,8 @@ def accuracy_on(model, params, batches) -> float:
 def phase_code(model, params, batch, task: str) -> dict:
     """Per-(head, pair) mean phase increment in degrees for input 0 and input 1 (layer 0), and the
     pair closest to the ideal code (0 and 360/m degrees, m = 2 for parity, 3 for mod 3)."""
-    inter = jax.jit(lambda p, x: model.apply({"params": p}, x, mutable=["intermediates"])[1])(params, batch.inputs)
-    inc_bthr = np.asarray(inter["intermediates"]["layers_0"]["mixer"]["phase_increment"][0], np.float64)
+    inter = sown_intermediates(model, params, batch.inputs)
+    inc_bthr = np.asarray(inter["layers_0"]["mixer"]["phase_increment"][0], np.float64)
     tokens = np.asarray(batch.inputs)
     per_symbol = []
     for symbol in (st.BIT0, st.BIT1):
