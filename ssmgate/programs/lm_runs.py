@@ -119,7 +119,7 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
         else:
             batch_fn = staged(lambda fn: lambda k: jax.vmap(fn, (0, None))(seeds, k), sample, stage, batch_shard)
         run_step = meshlib.jit_step(sweep.sweep_step(step), shard, batch_shard)
-        eval_fn = jax.jit(lambda s: jax.vmap(evaluate)(s.train.params))
+        eval_fn = jax.jit(lambda s: sweep.replica_vmap(evaluate)(s.train.params))
     else:
         r = replicas[0]
 

@@ -95,9 +95,29 @@ def _where_tree(mask_k, new, old):
     return jax.tree.map(pick, new, old)
 
 
+def replica_vmap(fn: Callable, in_axes=0) -> Callable:
+    """jax.vmap of fn over the leading replica axis (in_axes: 0 or None per positional argument),
+    except that a sweep of one replica calls fn on the squeezed arguments and restores the axis.
+    Same results; the point is speed: XLA:CPU runs a scan body with a degenerate size-1 axis
+    several times slower (a one-replica sweep's sequential damped core differentiated 5x slower
+    vmapped than unbatched, 2026-12-01; with two replicas vmap costs nothing extra)."""
+    vfn = jax.vmap(fn, in_axes)
+
+    def call(*args):
+        axes = tuple(in_axes) if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(args)
+        if len(axes) != len(args):
+            raise ValueError(f"replica_vmap: {len(args)} arguments but in_axes {in_axes!r}")
+        sizes = {leaf.shape[0] for a, ax in zip(args, axes) if ax == 0 for leaf in jax.tree.leaves(a)}
+        if sizes != {1}:
+            return vfn(*args)
+        squeezed = [jax.tree.map(lambda v: v[0], a) if ax == 0 else a for a, ax in zip(args, axes)]
+        return jax.tree.map(lambda v: jnp.expand_dims(v, 0), fn(*squeezed))
+    return call
+
+
 def sweep_step(step_fn) -> Callable:
     """The vmapped step: (SweepState, batch with a leading K axis) -> (SweepState, metrics (K,))."""
-    vstep = jax.vmap(step_fn)
+    vstep = replica_vmap(step_fn)
 
     def step(state: SweepState, batch):
         new_train, metrics = vstep(state.train, batch)

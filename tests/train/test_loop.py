@@ -125,6 +125,46 @@ def test_sweep_of_k_replicas_equals_k_separate_runs(tmp_path):
             np.testing.assert_allclose(b[r], a, rtol=1e-5, atol=1e-7)
 
 
+def test_replica_vmap_runs_one_replica_unbatched_with_the_results_of_vmap():
+    @jax.custom_batching.custom_vmap
+    def batched_marker(v):  # 0 when traced unbatched, 1 under vmap
+        return jnp.zeros(())
+
+    @batched_marker.def_vmap
+    def _(axis_size, in_batched, v):
+        return jnp.ones((axis_size,)), True
+
+    def fn(params, x):
+        return {"y": jnp.tanh(x @ params["w"]), "n": jnp.sum(params["w"]), "vmapped": batched_marker(params["w"])}
+
+    params = {"w": jax.random.normal(jax.random.PRNGKey(0), (3, D, 2))}
+    x = jax.random.normal(jax.random.PRNGKey(1), (5, D))
+    for k in (1, 3):
+        p_k = jax.tree.map(lambda a: a[:k], params)
+        got = jax.jit(sweep.replica_vmap(fn, (0, None)))(p_k, x)
+        want = jax.vmap(fn, (0, None))(p_k, x)
+        assert np.asarray(got["vmapped"]).tolist() == [0.0 if k == 1 else 1.0] * k  # one replica runs unbatched
+        assert jax.tree.map(jnp.shape, got) == jax.tree.map(jnp.shape, want)
+        assert got["y"].shape == (k, 5, 2)
+        for name in ("y", "n"):
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-6)
+    with pytest.raises(ValueError, match="2 arguments but in_axes"):
+        sweep.replica_vmap(fn, (0,))(params, x)
+
+
+def test_sweep_of_one_replica_equals_the_single_run(tmp_path):
+    replicas = sweep.grid(seeds=[1], lrs=[3e-3])
+    state = sweep.init_sweep(replicas, init_params, TX)
+    vstep = jax.jit(sweep.sweep_step(make_train_step(loss_fn, TX)))
+    for k in range(12):
+        state, metrics = vstep(state, jax.tree.map(lambda a: a[None], batch_of(1, k)))
+    assert np.asarray(metrics["active"]).shape == (1,)
+    one = run_single(tmp_path / "r", seed=1, lr=3e-3)
+    for a, b in zip(jax.tree.leaves(one.state.params), jax.tree.leaves(state.train.params)):
+        assert b.shape == (1,) + a.shape
+        np.testing.assert_allclose(b[0], a, rtol=1e-5, atol=1e-7)
+
+
 def test_sweep_freezes_a_diverged_replica_and_stops_replicas_by_rule():
     replicas = sweep.grid(seeds=[0], lrs=[1e-2, 1e-2])
     state = sweep.init_sweep(replicas, init_params, TX)
