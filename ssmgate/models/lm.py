@@ -135,6 +135,16 @@ def init_params(cfg: ModelCfg, key, seq_len: int = 8) -> dict:
     return flax.core.unfreeze(variables["params"])
 
 
+def logits(model: LanguageModel, params, tokens_bt) -> jax.Array:
+    """A forward pass's logits (b, t, vocab) by one compiled program per model, reused across calls."""
+    return _logits_fn(model)(params, jnp.asarray(tokens_bt, jnp.int32))
+
+
+@functools.lru_cache(maxsize=16)  # modules hash by their config
+def _logits_fn(model: LanguageModel):
+    return jax.jit(lambda params, tokens: model.apply({"params": params}, tokens)[0])
+
+
 def sown_intermediates(model: LanguageModel, params, tokens_bt) -> dict:
     """The `intermediates` collection a forward pass of `tokens_bt` sows ({} if none), by one
     compiled program per model (op by op, a forward pass would compile every primitive apart)."""

@@ -30,7 +30,7 @@ import numpy as np
 
 from ssmgate.models import presets
 from ssmgate.models.config import ModelCfg
-from ssmgate.models.lm import sown_intermediates
+from ssmgate.models.lm import logits as lm_logits, sown_intermediates
 from ssmgate.programs import lm_runs
 from ssmgate.programs.config_error import ConfigError
 from ssmgate.tasks import state_tracking as st
@@ -119,7 +119,12 @@ def fixed_set(task_cfg: st.StateTrackDataCfg, seed: int, length: int, n: int) ->
     """n sequences of one length in batches of EVAL_CHUNK, from their own seed."""
     keys = jax.random.split(jax.random.PRNGKey(seed + length), -(-n // EVAL_CHUNK))
     sizes = [min(EVAL_CHUNK, n - i * EVAL_CHUNK) for i in range(len(keys))]
-    return [st.sample_fixed_length(k, task_cfg, length, s) for k, s in zip(keys, sizes)]
+    return [_sample_fixed_length(k, task_cfg, length, s) for k, s in zip(keys, sizes)]
+
+
+# One compiled sampler per (task, length, size): op by op, a set costs dozens of small compilations.
+_sample_fixed_length = jax.jit(st.sample_fixed_length, static_argnums=(1, 2, 3))
+_answer_accuracy = jax.jit(st.answer_accuracy)
 
 
 def answer_metrics(logits, batch):
@@ -129,10 +134,10 @@ def answer_metrics(logits, batch):
 
 
 def accuracy_on(model, params, batches) -> float:
-    apply = jax.jit(lambda p, x: model.apply({"params": p}, x)[0])
+    """Answer-slot accuracy over batches (one compiled forward per model and batch shape)."""
     correct = total = 0.0
     for b in batches:
-        acc = float(st.answer_accuracy(apply(params, b.inputs), b))
+        acc = float(_answer_accuracy(lm_logits(model, params, b.inputs), b))
         correct, total = correct + acc * b.inputs.shape[0], total + b.inputs.shape[0]
     return correct / total
 
