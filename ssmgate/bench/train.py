@@ -5,7 +5,9 @@
    one after another with one jitted single-run step (compiled once, reused). Both run the same number of steps from the
    same states; the table gives steady-state time per step of all 16 models, the first call
    (with compilation) separately, and the speed-up.
-   Then the forward pass and the gradient alone, one model vs vmapped (per replica).
+   Then where the time goes, per replica: forward and gradient of one model against the same
+   vmapped, run one after another in one program (lax.map) and, for the recurrent core, folded
+   into one call's batch; and the core's and the largest weight matmul's gradients alone.
 2. Training throughput (forward + backward + AdamW) of 4-layer d=256 language models on the
    copy task: Mamba-2, Mamba-3 (SISO, rotation) and a Llama-style Transformer, in tokens/s, with
    the model FLOPs (6 x non-embedding params x tokens + the mixing terms) as a fraction of the
@@ -115,11 +117,45 @@ def bench_sweep(steps: int, reps: int, cfg: ModelCfg = SWEEP_MODEL, task=SWEEP_T
     return row
 
 
+def _per_replica_times(fn, one, stacked, k: int, reps: int, folded=None) -> dict:
+    """Seconds per replica of fn on one replica's input, vmapped over k stacked inputs, run one after
+    another inside one program (lax.map), and, when given, as one call on the k inputs folded into
+    its batch axis (`folded` = (fn_folded, input))."""
+    timed = lambda f, a: _timed(lambda: jax.block_until_ready(f(a)), reps)[1]
+    row = {"one_s": timed(jax.jit(fn), one),
+           "vmapped_s": timed(jax.jit(jax.vmap(fn)), stacked) / k,
+           "mapped_s": timed(jax.jit(lambda a: jax.lax.map(fn, a)), stacked) / k,
+           "folded_s": None}
+    if folded is not None:
+        row["folded_s"] = timed(jax.jit(folded[0]), folded[1]) / k
+    return row
+
+
+def _core_inputs(cfg: ModelCfg, b: int, t: int, k: int):
+    """k replicas' scalar_decay inputs at the shapes the sweep's Mamba-2 gives its core; each replica
+    has its own decay (its gate offset), as in the sweep."""
+    h, p, g, n = cfg.n_ssm_heads, cfg.headdim, cfg.n_groups, cfg.d_state
+    keys = jax.random.split(jax.random.PRNGKey(3), 5)
+    x = jax.random.normal(keys[0], (k, b, t, h, p))
+    dt = jax.nn.softplus(jax.random.normal(keys[1], (k, b, t, h)) - 2.0)
+    A = -jnp.exp(jnp.linspace(-3.0, 1.0, k)[:, None] + jnp.zeros((k, h)))
+    B = jax.random.normal(keys[2], (k, b, t, g, n))
+    C = jax.random.normal(keys[3], (k, b, t, g, n))
+    w = jax.random.normal(keys[4], (k, b, t, h, p))
+    return x, dt, A, B, C, w
+
+
 def bench_split(reps: int, cfg: ModelCfg = SWEEP_MODEL, task=SWEEP_TASK, k: int = 16, log=print) -> list[dict]:
-    """Where a sweep's time goes: forward and gradient of one model vs the same vmapped over k
-    replicas (per replica), for the sweep's Mamba-2 and a Llama of the same width."""
+    """Where a sweep's time goes, per replica: the forward pass and gradient of the sweep's Mamba-2
+    and of a Llama of the same width, then two parts of the Mamba-2 gradient alone (its recurrent
+    core, `scalar_decay` with `auto`, and its largest weight matmul, in_proj), each for one replica,
+    k vmapped, k one after another in one program (lax.map) and, for the core, the k replicas
+    folded into one call's batch (per-token decay carries each replica's gate)."""
+    from ssmgate.cores import scalar_decay  # the core as the model calls it
+
     rows = []
     batch = jax.jit(lambda key: synthetic_lm.sample(key, task))(synthetic_lm.step_key(0, 0))
+    b, t = batch.inputs.shape
     for name, c in (("Mamba-2", cfg), ("Llama", dataclasses.replace(cfg, block="llama", n_heads=2, mlp="swiglu"))):
         model = build_model(c)
         loss = _loss(model)
@@ -127,14 +163,39 @@ def bench_split(reps: int, cfg: ModelCfg = SWEEP_MODEL, task=SWEEP_TASK, k: int 
             jax.random.split(jax.random.PRNGKey(0), k))
         one = jax.tree.map(lambda a: a[0], stacked)
         fwd = lambda p: loss(p, batch, None)[0]
-        row = {"model": name, "replicas": k}
         for what, fn in (("forward", fwd), ("gradient", jax.grad(fwd))):
-            single, vmapped = jax.jit(fn), jax.jit(jax.vmap(fn))
-            row[f"{what}_single_s"] = _timed(lambda: jax.block_until_ready(single(one)), reps)[1]
-            row[f"{what}_vmapped_s"] = _timed(lambda: jax.block_until_ready(vmapped(stacked)), reps)[1] / k
-        log(f"[bench split] {name}: forward {1e3 * row['forward_single_s']:.2f} vs {1e3 * row['forward_vmapped_s']:.2f} "
-            f"ms, gradient {1e3 * row['gradient_single_s']:.2f} vs {1e3 * row['gradient_vmapped_s']:.2f} ms per replica")
-        rows.append(row)
+            rows.append(dict(part=f"{name} {what}", replicas=k, **_per_replica_times(fn, one, stacked, k, reps)))
+
+    x, dt, A, B, C, w = _core_inputs(cfg, b, t, k)
+
+    def core_loss(args):
+        x_, dt_, A_, B_, C_, w_ = args
+        return jnp.sum(scalar_decay(x_, dt_, A_, B_, C_)[0] * w_)
+
+    core_grad = jax.grad(core_loss)
+    fold = lambda a: a.reshape((k * b,) + a.shape[2:])
+    folded_args = (fold(x), fold(dt), fold(jnp.broadcast_to(A[:, None, None, :], dt.shape)), fold(B), fold(C), fold(w))
+    stacked_args = (x, dt, A, B, C, w)
+    # The folded call must compute the same gradients as the vmapped one, or its time means nothing.
+    unfold = lambda a: a.reshape((k, b) + a.shape[1:])
+    g_v, g_f = jax.jit(jax.vmap(core_grad))(stacked_args), jax.jit(core_grad)(folded_args)
+    for i in (0, 1, 3, 4):  # x, dt, B, C (A's gradient is per replica in one, per token in the other)
+        if not np.allclose(g_v[i], unfold(g_f[i]), rtol=1e-4, atol=1e-4):
+            raise RuntimeError(f"bench_split: the folded core's gradient {i} differs from the vmapped one")
+    rows.append(dict(part="core gradient (scalar_decay, auto)", replicas=k, **_per_replica_times(
+        core_grad, jax.tree.map(lambda a: a[0], stacked_args), stacked_args, k, reps, folded=(core_grad, folded_args))))
+
+    d_out = 2 * cfg.d_inner + 2 * cfg.n_groups * cfg.d_state + cfg.n_ssm_heads
+    keys = jax.random.split(jax.random.PRNGKey(4), 3)
+    mm_args = (jax.random.normal(keys[0], (k, b, t, cfg.d_model)), jax.random.normal(keys[1], (k, cfg.d_model, d_out)),
+               jax.random.normal(keys[2], (k, b, t, d_out)))
+    mm_grad = jax.grad(lambda a: jnp.sum((a[0] @ a[1]) * a[2]))
+    rows.append(dict(part=f"in_proj gradient ({b * t} x {cfg.d_model} @ {cfg.d_model} x {d_out})", replicas=k,
+                     **_per_replica_times(mm_grad, jax.tree.map(lambda a: a[0], mm_args), mm_args, k, reps)))
+    for r in rows:
+        folded = "" if r["folded_s"] is None else f", folded {1e3 * r['folded_s']:.2f}"
+        log(f"[bench split] {r['part']}: one {1e3 * r['one_s']:.2f}, vmapped {1e3 * r['vmapped_s']:.2f}, "
+            f"lax.map {1e3 * r['mapped_s']:.2f}{folded} ms per replica")
     return rows
 
 
@@ -199,11 +260,14 @@ def markdown(result: dict) -> str:
         lines.append(f"| {r['name']} | {r['params_per_model']:,} | {r['batch']} x {r['seq_len']} | {r['steps']} | "
                      f"{r['sweep_s']:.3f} s | {r['sequential_s']:.3f} s | **{r['speedup']:.1f}×** | "
                      f"{r['speedup_first']:.1f}× |")
-    lines += ["", "Where the time goes (small size; one model vs 16 vmapped, per replica):", "",
-              "| model | forward, one | forward, vmapped | gradient, one | gradient, vmapped |", "|---|---|---|---|---|"]
+    k = result["split"][0]["replicas"] if result.get("split") else 16
+    lines += ["", f"Where the time goes (small size; ms per replica: one model, {k} vmapped, {k} one after another in "
+              f"one program, {k} folded into one call's batch; × one in brackets):", "",
+              "| part | one | vmapped | lax.map | folded into the batch |", "|---|---|---|---|---|"]
     for r in result.get("split", []):
-        lines.append(f"| {r['model']} | {1e3 * r['forward_single_s']:.2f} ms | {1e3 * r['forward_vmapped_s']:.2f} ms | "
-                     f"{1e3 * r['gradient_single_s']:.2f} ms | {1e3 * r['gradient_vmapped_s']:.2f} ms |")
+        cell = lambda s: "–" if s is None else f"{1e3 * s:.2f} ({s / r['one_s']:.2f}×)"
+        lines.append(f"| {r['part']} | {1e3 * r['one_s']:.2f} | {cell(r['vmapped_s'])} | {cell(r['mapped_s'])} | "
+                     f"{cell(r['folded_s'])} |")
     lines += ["",
               f"**Training throughput** (forward + backward + AdamW, float32; batch {THROUGHPUT_TASK['batch']}, "
               f"length {THROUGHPUT_TASK['seq_len']}, 4 layers, d_model 256; matmul peak "
