@@ -31,6 +31,7 @@ import numpy as np
 from absl import flags
 
 from ssmgate.bench.cores import _cpu_name, measure_matmul_flops, update_docs
+from ssmgate.cores import scalar_decay
 from ssmgate.models.config import ModelCfg
 from ssmgate.models.gates import offset_gates
 from ssmgate.models.lm import build_model
@@ -151,8 +152,6 @@ def bench_split(reps: int, cfg: ModelCfg = SWEEP_MODEL, task=SWEEP_TASK, k: int 
     core, `scalar_decay` with `auto`, and its largest weight matmul, in_proj), each for one replica,
     k vmapped, k one after another in one program (lax.map) and, for the core, the k replicas
     folded into one call's batch (per-token decay carries each replica's gate)."""
-    from ssmgate.cores import scalar_decay  # the core as the model calls it
-
     rows = []
     batch = jax.jit(lambda key: synthetic_lm.sample(key, task))(synthetic_lm.step_key(0, 0))
     b, t = batch.inputs.shape
