@@ -24,6 +24,7 @@ import os
 import pathlib
 import sys
 import time
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -146,7 +147,8 @@ def _core_inputs(cfg: ModelCfg, b: int, t: int, k: int):
     return x, dt, A, B, C, w
 
 
-def bench_split(reps: int, cfg: ModelCfg = SWEEP_MODEL, task=SWEEP_TASK, k: int = 16, log=print) -> list[dict]:
+def bench_split(reps: int, cfg: ModelCfg = SWEEP_MODEL, task=SWEEP_TASK, k: int = 16, log=print,
+                models: Sequence[str] = ("Mamba-2", "Llama")) -> list[dict]:
     """Where a sweep's time goes, per replica: the forward pass and gradient of the sweep's Mamba-2
     and of a Llama of the same width, then two parts of the Mamba-2 gradient alone (its recurrent
     core, `scalar_decay` with `auto`, and its largest weight matmul, in_proj), each for one replica,
@@ -155,8 +157,9 @@ def bench_split(reps: int, cfg: ModelCfg = SWEEP_MODEL, task=SWEEP_TASK, k: int 
     rows = []
     batch = jax.jit(lambda key: synthetic_lm.sample(key, task))(synthetic_lm.step_key(0, 0))
     b, t = batch.inputs.shape
-    for name, c in (("Mamba-2", cfg), ("Llama", dataclasses.replace(cfg, block="llama", n_heads=2, mlp="swiglu"))):
-        model = build_model(c)
+    configs = {"Mamba-2": cfg, "Llama": dataclasses.replace(cfg, block="llama", n_heads=2, mlp="swiglu")}
+    for name in models:
+        model = build_model(configs[name])
         loss = _loss(model)
         stacked = jax.vmap(lambda key: model.init(key, batch.inputs[:1, :8])["params"])(
             jax.random.split(jax.random.PRNGKey(0), k))

@@ -1,6 +1,7 @@
 """reproduce.write_report: a partial invocation (--only) keeps the other experiments' sections and
 summary entries from the earlier report at the same scale, in the registry's order."""
 import json
+import os
 
 from ssmgate import reproduce
 from ssmgate.train.run_dir import RunDir
@@ -31,3 +32,11 @@ def test_other_scale_or_unmarked_report_is_not_kept(tmp_path):
     where.write_text("report.md", "# an old report without markers\n## Fig 1\n")
     text, _ = _write(where, {"p1_kv": "## KV\n"}, scale="cpu")
     assert "Fig 1" not in text
+
+
+def test_runs_share_one_compilation_cache_unless_the_user_set_one(monkeypatch):
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    env = reproduce.compile_cache_env("/tmp/shared")
+    assert env["JAX_COMPILATION_CACHE_DIR"] == "/tmp/shared" and env["PATH"] == os.environ["PATH"]
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/mine")
+    assert reproduce.compile_cache_env("/tmp/shared")["JAX_COMPILATION_CACHE_DIR"] == "/mine"
