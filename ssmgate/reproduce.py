@@ -3,7 +3,8 @@
     python -m ssmgate.reproduce --scale=quick|cpu|paper [--only=p1_fig1] [--out_dir=runs/reproduce] [--docs_dir=DIR]
 
 Each run is `python -m ssmgate.main --flagfile=... --run_dir=OUT/<experiment>/<run>` in a subprocess
-(its progress lines stream through). Afterwards OUT/summary.json gathers every run's summary.json
+(its progress lines stream through); the runs share one JAX compilation cache, a temporary folder
+per invocation. Afterwards OUT/summary.json gathers every run's summary.json
 under its experiment's name, with the experiment's acceptance checks, and OUT/report.md shows each
 figure beside a "paper / theory / ours" table and lists what the scale changed from the paper's flag
 files. `--docs_dir DIR` also writes the report and its figures to DIR (docs/reproduction/).
