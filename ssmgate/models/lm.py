@@ -137,21 +137,17 @@ def init_params(cfg: ModelCfg, key, seq_len: int = 8) -> dict:
 
 def logits(model: LanguageModel, params, tokens_bt) -> jax.Array:
     """A forward pass's logits (b, t, vocab) by one compiled program per model, reused across calls."""
-    return _logits_fn(model)(params, jnp.asarray(tokens_bt, jnp.int32))
-
-
-@functools.lru_cache(maxsize=16)  # modules hash by their config
-def _logits_fn(model: LanguageModel):
-    return jax.jit(lambda params, tokens: model.apply({"params": params}, tokens)[0])
+    return _forward_fn(model, False)(params, jnp.asarray(tokens_bt, jnp.int32))
 
 
 def sown_intermediates(model: LanguageModel, params, tokens_bt) -> dict:
     """The `intermediates` collection a forward pass of `tokens_bt` sows ({} if none), by one
     compiled program per model (op by op, a forward pass would compile every primitive apart)."""
-    return _sown_fn(model)(params, jnp.asarray(tokens_bt, jnp.int32)).get("intermediates", {})
+    return _forward_fn(model, True)(params, jnp.asarray(tokens_bt, jnp.int32)).get("intermediates", {})
 
 
-@functools.lru_cache(maxsize=16)  # modules hash by their config
-def _sown_fn(model: LanguageModel):
-    return jax.jit(lambda params, tokens: model.apply({"params": params}, tokens, mutable=["intermediates"])[1])
-
+@functools.lru_cache(maxsize=32)  # modules hash by their config
+def _forward_fn(model: LanguageModel, sown: bool):
+    if sown:
+        return jax.jit(lambda params, tokens: model.apply({"params": params}, tokens, mutable=["intermediates"])[1])
+    return jax.jit(lambda params, tokens: model.apply({"params": params}, tokens)[0])

@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ssmgate.train import sweep
+
 
 @functools.lru_cache(maxsize=16)
 def _program(model, steps: int, eos_id: int, replicas: bool):
@@ -33,7 +35,7 @@ def _program(model, steps: int, eos_id: int, replicas: bool):
         (_, _, _), rest = jax.lax.scan(step, (first, jnp.zeros(b, bool), cache), None, length=steps - 1)
         return jnp.concatenate([first[:, None], rest.T], axis=1)
 
-    return jax.jit(jax.vmap(one, in_axes=(0, None)) if replicas else one)
+    return jax.jit(sweep.replica_vmap(one, (0, None)) if replicas else one)
 
 
 def greedy(model, params, prompts_bl, steps: int, eos_id: int, *, replicas: bool = False) -> np.ndarray:

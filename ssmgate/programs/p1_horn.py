@@ -402,7 +402,7 @@ def run(cfg: HornRunCfg, run_dir: str) -> dict:
     def sweep_eval(params, data):
         out = {}
         for name, d in data.items():
-            m = jax.vmap(lambda p, dd, rl=set_rules[name]: evaluate(p, dd, rl), (0, None))(params, d)
+            m = sweep.replica_vmap(lambda p, dd, rl=set_rules[name]: evaluate(p, dd, rl), (0, None))(params, d)
             out[metric_name(name, "accuracy")] = m["accuracy"]
             out[metric_name(name, "loss")] = m["loss"]
         return out

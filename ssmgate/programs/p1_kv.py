@@ -343,7 +343,7 @@ def run(cfg: KVRunCfg, run_dir: str) -> dict:
     # counts over chunks in one compiled loop and takes the fixed set as an argument, not a constant.
     evaluate = make_evaluate(built.model, jnp.dtype(cfg.model.dtype))
     eval_data = fixed_set(cfg, dictionary, EVAL_SEED, task.n_max, cfg.eval_n)
-    sweep_eval = jax.jit(lambda params, data: jax.vmap(evaluate, (0, None))(params, data))
+    sweep_eval = jax.jit(lambda params, data: sweep.replica_vmap(evaluate, (0, None))(params, data))
     eval_fn = lambda s: sweep_eval(s.train.params, eval_data)  # noqa: E731
 
     fingerprint = cfg.fingerprint()

@@ -248,7 +248,7 @@ def _held_out_loss(model, data: tpr.ToolData, cfg: P1ToolsCfg):
         weights.append(w)
     rows, weights = np.stack(rows), np.stack(weights)
     batch = LMBatch(rows[:, :-1], rows[:, 1:], weights[:, 1:])
-    score = jax.jit(jax.vmap(lambda params: text_loss(model.apply({"params": params}, batch.inputs)[0], batch)))
+    score = jax.jit(sweep.replica_vmap(lambda params: text_loss(model.apply({"params": params}, batch.inputs)[0], batch)))
 
     def eval_fn(state):
         loss, metrics = score(state.train.params)
