@@ -153,8 +153,11 @@ def after_eval(rule: StopRule, labels: Sequence[str]) -> Callable:
                 say(f"[sweep] {labels[r]}: stopped at step {k} ({rule.metric} {value[r]:.4f} >= {rule.stop_thr})")
             stopped[done] = k
             active = active & ~done
-        return state.replace(active=jnp.asarray(active), escape_step=jnp.asarray(escape, jnp.int32),
-                             stopped_step=jnp.asarray(stopped, jnp.int32))
+        # Placed as the arrays they replace: an unsharded array would be a new input type to the
+        # jitted step, which would trace and compile again (7 s for P1's small KV model, per shape).
+        like = lambda new, old: jax.device_put(np.asarray(new, old.dtype), old.sharding)  # noqa: E731
+        return state.replace(active=like(active, state.active), escape_step=like(escape, state.escape_step),
+                             stopped_step=like(stopped, state.stopped_step))
     return update
 
 

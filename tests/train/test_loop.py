@@ -187,6 +187,26 @@ def test_sweep_freezes_a_diverged_replica_and_stops_replicas_by_rule():
         sweep.after_eval(sweep.StopRule("acc", 0.5), ["a"])(state, 1, {"loss": np.zeros(2)})
 
 
+def test_escape_and_stop_updates_keep_the_step_compiled_once():
+    # after_eval rewrites active/escape/stopped on the host; placed unsharded they would be a new
+    # input type to a step jitted with shardings, which then traces and compiles a second time.
+    from ssmgate.train import mesh as meshlib
+    mesh = meshlib.make_mesh(meshlib.MeshCfg())
+    replicas = sweep.grid(seeds=[0], lrs=[1e-2, 3e-3])
+    state = sweep.init_sweep(replicas, init_params, TX)
+    shardings = sweep.sweep_shardings(jax.eval_shape(lambda: state), mesh, "replicated")
+    batch_sharding = meshlib.batch_sharding(mesh, replica_axis=True)
+    step = meshlib.jit_step(sweep.sweep_step(make_train_step(loss_fn, TX)), shardings, batch_sharding)
+    state = jax.device_put(state, shardings)
+    batch = jax.tree.map(lambda a: jnp.stack([a, a]), batch_of(0, 0))
+    rule = sweep.after_eval(sweep.StopRule("acc", escape_thr=0.5, stop_thr=0.9), ["a", "b"])
+    state, _ = step(state, batch)
+    state = rule(state, 1, {"acc": np.array([0.95, 0.6])})
+    state, _ = step(state, batch)
+    assert np.asarray(state.active).tolist() == [False, True]
+    assert step._cache_size() == 1
+
+
 def test_loop_config_errors_name_the_field():
     with pytest.raises(ValueError, match="steps=0"):
         loop.LoopCfg(steps=0).validate()
