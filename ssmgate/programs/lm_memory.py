@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import resource
 import subprocess
 import sys
 from typing import Sequence
 
 from ssmgate.models.config import ModelCfg
+from ssmgate.xla_env import with_flag
 
 
 def _peak_rss_mb() -> float:
@@ -43,12 +45,12 @@ def _child(cfg_json: str, length: int, piece_len: int) -> dict:
     import jax
     import numpy as np
 
-    from ssmgate.models.lm import build_model
+    from ssmgate.models.lm import build_model, init_params
     from ssmgate.programs import lm_eval
 
     cfg = ModelCfg(**json.loads(cfg_json)).validate()
     model = build_model(cfg)
-    params = model.init(jax.random.PRNGKey(0), np.zeros((1, 8), np.int32))["params"]
+    params = init_params(cfg, jax.random.PRNGKey(0))
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (1, length)).astype(np.int32)
     weights = np.ones((1, length - 1), np.float32)
     lm_eval.sequence_scores(model, params, tokens, weights, piece_len)  # compiles
@@ -59,9 +61,24 @@ def _child(cfg_json: str, length: int, piece_len: int) -> dict:
             "mean_nll": float(nll.mean())}
 
 
+def child_env() -> dict:
+    """The children's environment. No persistent compilation cache: every child compiles its own
+    programs, so each keeps the same compiler memory when its peak is reset (a child that loaded
+    them from a cache that `make reproduce` shares held 100 MB less than one that compiled them,
+    and the growth between windows came out negative and large). LLVM -O0 unless XLA_FLAGS
+    already sets an optimization level: a child measures memory, not speed; buffer assignment is
+    XLA's (HLO) decision, not LLVM's, and the peaks measured at -O0 and -O2 agreed within 2 MB,
+    while a child compiles in 7 s, not 24."""
+    env = dict(os.environ)
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+    env["XLA_FLAGS"] = with_flag(env.get("XLA_FLAGS", ""), "xla_backend_optimization_level", "0")
+    return env
+
+
 def _run(cfg_json: str, length: int, piece_len: int) -> dict:
     proc = subprocess.run([sys.executable, "-m", "ssmgate.programs.lm_memory", cfg_json, str(length), str(piece_len)],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=child_env())
     if proc.returncode != 0:
         raise RuntimeError(f"lm_memory: the window of {length} tokens (pieces of {piece_len}) failed:\n"
                            f"{proc.stderr[-2000:]}")

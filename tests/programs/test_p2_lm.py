@@ -196,6 +196,16 @@ def test_a_long_window_does_not_need_more_memory_than_a_short_one():
     assert mem["growth_mb"] < 0.25 * mem["unchunked_extra_mb"], mem
 
 
+def test_memory_children_compile_at_O0_unless_the_user_set_a_level_and_without_a_cache(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/tmp/shared-cache")
+    env = lm_memory.child_env()
+    assert env["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false --xla_backend_optimization_level=0"
+    assert "JAX_COMPILATION_CACHE_DIR" not in env and env["JAX_ENABLE_COMPILATION_CACHE"] == "false"
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=3")
+    assert lm_memory.child_env()["XLA_FLAGS"] == "--xla_backend_optimization_level=3"
+
+
 def test_flag_files_dry_run():
     # (rope05, rope0) x (paper, cpu, quick); the paper ones include experiments/models/p2_lm_187m_*.flags,
     # which test_train_lm dry-runs with the paper's sizes.
