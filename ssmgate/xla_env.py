@@ -1,0 +1,32 @@
+"""XLA flags that ssmgate sets by default, before any JAX backend starts (`import ssmgate` does it).
+
+Each default is added to `XLA_FLAGS` only when `XLA_FLAGS` does not name that flag already, so a
+user's own setting wins; a backend that was already initialized keeps the flags it started with.
+
+- `--xla_cpu_enable_concurrency_optimized_scheduler=false`: XLA:CPU's default scheduler orders a
+  program for as many concurrently running operations as possible, which on a 2-core machine makes
+  them compete for the cores and the caches. Measured 2026-12-01 on the 2-core CI VM class: P1's
+  quick KV training step (2-layer Mamba-2, 2 replicas x 32 x 201 tokens) 210 ms against 256-285,
+  the Mamba-2 mixer's gradient 40-43 ms against 56-59; P2's state-tracking rows unchanged; same
+  losses to the last printed digit (only the order of operations changes). The flag acts on XLA:CPU
+  only.
+"""
+from __future__ import annotations
+
+import os
+
+DEFAULTS = {"xla_cpu_enable_concurrency_optimized_scheduler": "false"}
+
+
+def with_flag(xla_flags: str, name: str, value: str) -> str:
+    """xla_flags with `--name=value` appended, unless it names the flag already."""
+    if name in xla_flags:
+        return xla_flags
+    return f"{xla_flags} --{name}={value}".strip()
+
+
+def apply_defaults(environ=os.environ) -> None:
+    flags = environ.get("XLA_FLAGS", "")
+    for name, value in DEFAULTS.items():
+        flags = with_flag(flags, name, value)
+    environ["XLA_FLAGS"] = flags
