@@ -14,13 +14,14 @@ user's own setting wins; a backend that was already initialized keeps the flags 
 from __future__ import annotations
 
 import os
+import re
 
 DEFAULTS = {"xla_cpu_enable_concurrency_optimized_scheduler": "false"}
 
 
 def with_flag(xla_flags: str, name: str, value: str) -> str:
-    """xla_flags with `--name=value` appended, unless it names the flag already."""
-    if name in xla_flags:
+    """xla_flags with `--name=value` appended, unless it sets the flag already."""
+    if re.search(rf"--{re.escape(name)}(=|\s|$)", xla_flags):
         return xla_flags
     return f"{xla_flags} --{name}={value}".strip()
 

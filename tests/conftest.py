@@ -15,9 +15,9 @@ import os
 import shutil
 import tempfile
 
-_flags = os.environ.get("XLA_FLAGS", "")
-if "xla_backend_optimization_level" not in _flags:
-    os.environ["XLA_FLAGS"] = f"{_flags} --xla_backend_optimization_level=0".strip()
+from ssmgate.xla_env import with_flag  # imports no JAX
+
+os.environ["XLA_FLAGS"] = with_flag(os.environ.get("XLA_FLAGS", ""), "xla_backend_optimization_level", "0")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _cache = tempfile.mkdtemp(prefix=f"ssmgate-jax-cache-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)

@@ -35,7 +35,7 @@ from ssmgate.bench.cores import _cpu_name, measure_matmul_flops, update_docs
 from ssmgate.cores import scalar_decay
 from ssmgate.models.config import ModelCfg
 from ssmgate.models.gates import offset_gates
-from ssmgate.models.lm import build_model
+from ssmgate.models.lm import build_model, init_params
 from ssmgate.models.presets import count_breakdown
 from ssmgate.tasks import synthetic_lm
 from ssmgate.train import optim, sweep
@@ -84,7 +84,7 @@ def bench_sweep(steps: int, reps: int, cfg: ModelCfg = SWEEP_MODEL, task=SWEEP_T
     replicas = sweep.grid([0], np.logspace(-3.5, -2, k_lrs), np.linspace(-3, 1, k_offsets))
     tokens = jnp.zeros((1, 8), jnp.int32)
     init = lambda key, offset: offset_gates(model.init(key, tokens)["params"], offset)
-    state0 = sweep.init_sweep(replicas, init, tx)
+    state0 = jax.jit(lambda: sweep.init_sweep(replicas, init, tx))()  # op by op, init compiles every primitive
     keys = [synthetic_lm.step_key(0, k) for k in range(steps)]
     sample = jax.jit(lambda key: synthetic_lm.sample(key, task))  # compiled once for every step's key
     batches = [sample(key) for key in keys]
@@ -161,7 +161,7 @@ def bench_split(reps: int, cfg: ModelCfg = SWEEP_MODEL, task=SWEEP_TASK, k: int 
     for name in models:
         model = build_model(configs[name])
         loss = _loss(model)
-        stacked = jax.vmap(lambda key: model.init(key, batch.inputs[:1, :8])["params"])(
+        stacked = jax.jit(jax.vmap(lambda key: model.init(key, batch.inputs[:1, :8])["params"]))(
             jax.random.split(jax.random.PRNGKey(0), k))
         one = jax.tree.map(lambda a: a[0], stacked)
         fwd = lambda p: loss(p, batch, None)[0]
@@ -230,8 +230,7 @@ def bench_throughput(steps: int, reps: int, peak: float, log=print) -> list[dict
         step = jax.jit(make_train_step(_loss(model), tx))
         task = synthetic_lm.SyntheticCfg("copy", batch=b, seq_len=t, vocab_size=cfg.vocab_size)
         batch = synthetic_lm.sample(synthetic_lm.step_key(0, 0), task)
-        state0 = TrainState.create(model.init(jax.random.PRNGKey(0), batch.inputs[:1, :8])["params"], tx,
-                                   jax.random.PRNGKey(1))
+        state0 = TrainState.create(init_params(cfg, jax.random.PRNGKey(0)), tx, jax.random.PRNGKey(1))
 
         def run():
             s = state0

@@ -64,11 +64,11 @@ def _child(cfg_json: str, length: int, piece_len: int) -> dict:
 def child_env() -> dict:
     """The children's environment. No persistent compilation cache: every child compiles its own
     programs, so each keeps the same compiler memory when its peak is reset (a child that loaded
-    them from a cache that `make reproduce` shares held 100 MB less than one that compiled them,
-    and the growth between windows came out negative and large). LLVM -O0 unless XLA_FLAGS
-    already sets an optimization level: a child measures memory, not speed; buffer assignment is
-    XLA's (HLO) decision, not LLVM's, and the peaks measured at -O0 and -O2 agreed within 2 MB,
-    while a child compiles in 7 s, not 24."""
+    them from the cache that `make reproduce` shares held 105 MB less than one that compiled them,
+    so the longer window measured the smaller peak). LLVM -O0 unless XLA_FLAGS already sets an
+    optimization level: a child measures memory, not speed; buffer assignment is XLA's (HLO)
+    decision, not LLVM's, and the peaks measured at -O0 and -O2 agreed within 2 MB, while a child
+    took 7 s instead of 24 (with `init_params` compiled)."""
     env = dict(os.environ)
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
