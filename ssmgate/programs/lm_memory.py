@@ -20,6 +20,7 @@ import subprocess
 import sys
 from typing import Sequence
 
+from ssmgate.malloc_env import without_tunables
 from ssmgate.models.config import ModelCfg
 from ssmgate.xla_env import with_flag
 
@@ -68,8 +69,11 @@ def child_env() -> dict:
     so the longer window measured the smaller peak). LLVM -O0 unless XLA_FLAGS already sets an
     optimization level: a child measures memory, not speed; buffer assignment is XLA's (HLO)
     decision, not LLVM's, and the peaks measured at -O0 and -O2 agreed within 2 MB, while a child
-    took 7 s instead of 24 (with `init_params` compiled)."""
+    took 7 s instead of 24 (with `init_params` compiled). glibc's default malloc, without
+    ssmgate.malloc_env's tuning: a heap that keeps every freed page would let the measured pass
+    reuse the compiler's freed memory without raising the peak."""
     env = dict(os.environ)
+    env["GLIBC_TUNABLES"] = without_tunables(env.get("GLIBC_TUNABLES", ""))
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     env["XLA_FLAGS"] = with_flag(env.get("XLA_FLAGS", ""), "xla_backend_optimization_level", "0")

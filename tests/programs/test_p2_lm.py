@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+from ssmgate import malloc_env
 from ssmgate.interventions.edits import edit_checkpoint, edit_param
 from ssmgate.models.config import ModelCfg
 from ssmgate.programs import lm_memory, lm_runs, p2_lm, p2_lm_report
@@ -204,6 +205,9 @@ def test_memory_children_compile_at_O0_unless_the_user_set_a_level_and_without_a
     assert "JAX_COMPILATION_CACHE_DIR" not in env and env["JAX_ENABLE_COMPILATION_CACHE"] == "false"
     monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=3")
     assert lm_memory.child_env()["XLA_FLAGS"] == "--xla_backend_optimization_level=3"
+    # glibc's default malloc (a heap that keeps freed pages would hide the peaks), a user's own tunable kept
+    monkeypatch.setenv("GLIBC_TUNABLES", malloc_env.with_tunables("glibc.malloc.arena_max=2"))
+    assert lm_memory.child_env()["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
 
 
 def test_flag_files_dry_run():
