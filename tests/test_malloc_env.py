@@ -53,4 +53,3 @@ def test_reexec_if_needed_replaces_the_process_with_the_same_command_line(monkey
     path, argv, env = calls[0]
     assert path == sys.executable and argv == ["python", "-m", "ssmgate.reproduce", "--scale=quick"]
     assert env["GLIBC_TUNABLES"] == OURS
-

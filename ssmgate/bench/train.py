@@ -84,7 +84,7 @@ def bench_sweep(steps: int, reps: int, cfg: ModelCfg = SWEEP_MODEL, task=SWEEP_T
     replicas = sweep.grid([0], np.logspace(-3.5, -2, k_lrs), np.linspace(-3, 1, k_offsets))
     tokens = jnp.zeros((1, 8), jnp.int32)
     init = lambda key, offset: offset_gates(model.init(key, tokens)["params"], offset)
-    state0 = jax.jit(lambda: sweep.init_sweep(replicas, init, tx))()  # op by op, init compiles every primitive
+    state0 = jax.jit(lambda: sweep.init_sweep(replicas, init, tx))()  # eagerly, Flax's init compiles op by op
     keys = [synthetic_lm.step_key(0, k) for k in range(steps)]
     sample = jax.jit(lambda key: synthetic_lm.sample(key, task))  # compiled once for every step's key
     batches = [sample(key) for key in keys]
