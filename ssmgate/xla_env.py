@@ -27,6 +27,10 @@ def with_flag(xla_flags: str, name: str, value: str) -> str:
 
 
 def apply_defaults(environ=os.environ) -> None:
+    """Adds DEFAULTS to XLA_FLAGS; SSMGATE_XLA_DEFAULTS=0 adds none (e.g. on an accelerator machine
+    whose jaxlib may not know an XLA:CPU flag: launch/device_bench.sh)."""
+    if environ.get("SSMGATE_XLA_DEFAULTS", "1") == "0":
+        return
     flags = environ.get("XLA_FLAGS", "")
     for name, value in DEFAULTS.items():
         flags = with_flag(flags, name, value)

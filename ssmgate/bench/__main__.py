@@ -1,23 +1,29 @@
 """`python -m ssmgate.bench cores|sweep|fig1_sweeps [flags]`: dispatches to the named benchmark.
 
-cores: the recurrent cores' algorithms; sweep: vmapped training sweeps of language models and
-training throughput (ssmgate.bench.train); fig1_sweeps: the P1 Figure 1 grids as one program.
+cores: the recurrent cores' algorithms (with --backend=gpu|tpu the Pallas device benchmark);
+sweep: vmapped training sweeps of language models and training throughput (ssmgate.bench.train);
+fig1_sweeps: the P1 Figure 1 grids as one program. Only the named benchmark's module is imported
+(its flags must exist before absl parses them), so `cores` needs no training stack: it runs on an
+accelerator machine's own JAX install.
 """
+import importlib
 import sys
 
 from absl import app
 
-from ssmgate.bench import cores, sweeps, train
-
-BENCHMARKS = {"cores": cores.main, "sweep": train.main, "fig1_sweeps": sweeps.main}
+BENCHMARKS = {"cores": "ssmgate.bench.cores", "sweep": "ssmgate.bench.train", "fig1_sweeps": "ssmgate.bench.sweeps"}
 
 
-def _dispatch(argv):
+def _usage() -> str:
+    return f"usage: python -m ssmgate.bench NAME [flags]; NAME is one of: {', '.join(sorted(BENCHMARKS))}"
+
+
+def main(argv) -> None:
     if len(argv) < 2 or argv[1] not in BENCHMARKS:
-        names = ", ".join(sorted(BENCHMARKS))
-        raise app.UsageError(f"usage: python -m ssmgate.bench NAME [flags]; NAME is one of: {names}")
-    return BENCHMARKS[argv[1]](argv[1:])
+        raise SystemExit(_usage())
+    module = importlib.import_module(BENCHMARKS[argv[1]])
+    app.run(lambda args: module.main(args[1:]), argv=argv)
 
 
 if __name__ == "__main__":
-    app.run(_dispatch, argv=sys.argv)
+    main(sys.argv)

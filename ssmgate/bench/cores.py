@@ -34,8 +34,15 @@ flags.DEFINE_float("max_seconds", 20.0, "Stop repeating a row once this much tim
 flags.DEFINE_bool("write_auto_table", False, "Measure the auto size classes and write the auto table.")
 flags.DEFINE_string("report", None, "Markdown file to write this run's tables to (overwritten).")
 flags.DEFINE_string("docs", None, "Markdown file whose block between the markers "
-                    "'<!-- bench:cores -->' and '<!-- /bench:cores -->' is replaced by this run's tables.")
+                    "'<!-- bench:cores -->' and '<!-- /bench:cores -->' (with --backend=gpu|tpu: "
+                    "'bench:device') is replaced by this run's tables.")
+flags.DEFINE_enum("backend", "cpu", ["cpu", "gpu", "tpu"],
+                  "cpu: this benchmark (sequential, associative, chunked; pallas only interprets on CPU). "
+                  "gpu|tpu: the Pallas device benchmark of ssmgate/bench/device.py (checks on the device, "
+                  "pallas vs chunked vs associative at --shape, default DEVICE_SHAPE); run by launch/device_bench.sh.")
 
+# Mamba-2-130M-like (24 heads of 64 x 128, one group; rotation turns half the state's pairs)
+DEVICE_SHAPE = (8, 2048, 24, 64, 128, 1, 32)
 ALGORITHMS = {"scalar_decay": ("sequential", "associative", "chunked"),
               "rotation": ("sequential", "associative", "chunked"),
               "damped": ("sequential", "associative", "chunked")}
@@ -245,9 +252,11 @@ def update_docs(path: str, block: str, name: str = "cores") -> None:
     p.write_text(head + start + "\n" + block + "\n" + end + rest.split(end, 1)[1])
 
 
-def measure_auto_table(cores, base_shape, chunk_sizes, reps, max_seconds, log=print) -> dict:
+def measure_auto_table(cores, base_shape, chunk_sizes, reps, max_seconds, log=print, algorithms=None) -> dict:
     """Per core, width class and size class, the fastest forward and the fastest forward+backward
-    (algorithm, chunk) on this backend, with every timing behind the choice."""
+    (algorithm, chunk) on this backend among algorithms[core] (default ALGORITHMS), with every
+    timing behind the choice."""
+    algorithms = algorithms or ALGORITHMS
     table = {}
     for core in cores:
         classes = []
@@ -259,8 +268,8 @@ def measure_auto_table(cores, base_shape, chunk_sizes, reps, max_seconds, log=pr
             for max_t, t in AUTO_CLASSES:
                 inputs = make_inputs(core, b, t, h, p, n, g, r)
                 timings = []
-                for algorithm in ALGORITHMS[core]:
-                    for chunk in (chunk_sizes[core] if algorithm == "chunked" else [None]):
+                for algorithm in algorithms[core]:
+                    for chunk in (chunk_sizes[core] if algorithm in ("chunked", "pallas") else [None]):
                         fn = core_fn(core, algorithm, chunk)
                         timings.append({"algorithm": algorithm, "chunk_size": chunk,
                                         "fwd_seconds": time_call(jax.jit(fn), inputs, reps, max_seconds),
@@ -304,6 +313,8 @@ def main(argv) -> None:
     if unknown:
         raise SystemExit(f"--core: unknown {sorted(unknown)}; expected a subset of {sorted(ALGORITHMS)}")
     log = lambda s: print(s, flush=True)
+    if FLAGS.backend != "cpu":
+        return _device_main(DEVICE_SHAPE if not FLAGS["shape"].present else shape, chunk_sizes, log)
     backend = jax.default_backend()
     peak = measure_matmul_flops()
     log(f"backend {backend} ({_cpu_name()}, {os.cpu_count()} cores); "
@@ -338,3 +349,42 @@ def main(argv) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     log(f"wrote {out}")
+
+
+def _device_main(shape, chunk_sizes, log) -> None:
+    """--backend=gpu|tpu: ssmgate/bench/device.py, then (--write_auto_table) the auto classes with
+    pallas among the candidates; JSON to --out, markdown to --report and --docs."""
+    from ssmgate.bench import device
+
+    command = " ".join(["python -m ssmgate.bench"] + sys.argv[1:])
+    chunk = 64 if 64 in chunk_sizes["scalar_decay"] else chunk_sizes["scalar_decay"][0]   # the timed rows' chunk
+    result = device.run(FLAGS.backend, shape, chunk, FLAGS.reps, FLAGS.max_seconds, command, log)
+    cores = [c for c in FLAGS.core if c in device.DEVICE_ALGORITHMS]
+    if FLAGS.write_auto_table:
+        try:
+            measured = measure_auto_table(cores, shape, chunk_sizes, max(1, FLAGS.reps // 2), FLAGS.max_seconds,
+                                          log, algorithms=device.DEVICE_ALGORITHMS)
+        except Exception as e:  # noqa: BLE001 - the measured rows above are still written
+            log(f"auto table not measured: {e!r}")
+        else:
+            table = dict(auto.load_table())
+            table[jax.default_backend()] = {**table.get(jax.default_backend(), {}), **measured}
+            auto.TABLE_PATH.write_text(json.dumps(table, indent=1) + "\n")
+            auto.load_table.cache_clear()
+            result["auto_table"] = measured
+            log(f"wrote {auto.TABLE_PATH}")
+    block = device.markdown(result)
+    if FLAGS.report:
+        report = pathlib.Path(FLAGS.report)
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text("# Device benchmark of the Pallas kernels\n\n" + block + "\n")
+        log(f"wrote {report}")
+    if FLAGS.docs:
+        update_docs(FLAGS.docs, block, name="device")
+        log(f"updated {FLAGS.docs}")
+    out = pathlib.Path(FLAGS.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    log(f"wrote {out}")
+    if not result["checks_passed"]:
+        raise SystemExit("device checks FAILED (see the 'check FAIL' lines above)")

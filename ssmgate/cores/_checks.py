@@ -12,6 +12,8 @@ import numpy as np
 
 FLOAT_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32, jnp.float64)
 ALGORITHMS = ("auto", "sequential", "associative", "chunked")
+# scalar_decay and rotation also run as a Pallas kernel (ssmgate/cores/pallas/)
+KERNEL_ALGORITHMS = ALGORITHMS + ("pallas",)
 
 
 def _dtype_names() -> str:
@@ -143,6 +145,12 @@ def check_step_inputs(core: str, x, dt, A, B, C, D, *, A_name: str = "A") -> tup
     if D is not None:
         check_shape(core, "D", D, (h,), "(h,)", f"to match x of shape {tuple(x.shape)}")
     return b, h, p, g, n
+
+
+def matmul_dtype(x):
+    """The operand dtype of the Pallas kernel's data matmuls: x's own for bf16/fp16 inputs
+    (accumulated in float32), None (the compute dtype, full precision) otherwise."""
+    return x.dtype if x.dtype in (jnp.bfloat16, jnp.float16) else None
 
 
 def cast(arr: Any, dtype) -> Any:

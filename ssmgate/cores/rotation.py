@@ -20,6 +20,7 @@ import numpy as np
 
 from ssmgate.cores import _checks, auto
 from ssmgate.cores._ssd import associative_states, chunked_ssd, expand_groups, per_token, previous_writes
+from ssmgate.cores.pallas import pallas_ssd
 
 CORE = "rotation"
 TWO_PI = 2.0 * np.pi  # float32(2 pi) when it meets float32 phases: see cumulative_phase
@@ -201,11 +202,30 @@ def _chunked(x, dt, A, B, C, theta, lam, D, state0, chunk):
     return y, _final_state(phase, B, cos, sin, h_final, x)
 
 
-def _run(algorithm, chunk_size, x, dt, A, B, C, theta, lam, D, state0):
+def _pallas(x, dt, A, B, C, theta, lam, D, state0, chunk, mm_dtype):
+    """The chunked form through the Pallas kernel: one (B~, C~) block, per head when any pair
+    rotates (the unrotated channels are repeated over the heads of their group)."""
+    heads, r = x.shape[2], theta.shape[-1]
+    phase, cos, sin = phases_cos_sin(dt, theta, state0.phase)
+    if r:
+        B_k = rotate_pairs(expand_groups(B, heads), cos, sin)
+        C_k = rotate_pairs(expand_groups(C, heads), cos, sin)
+    else:
+        B_k, C_k = B, C
+    xs, xdiag, h0 = trapezoid_inputs(x, dt, lam, state0)
+    y, h_final = pallas_ssd(xs, dt * A, B_k, C_k, h0, chunk, xdiag, mm_dtype=mm_dtype)
+    if D is not None:
+        y = y + D[:, None] * x
+    return y, _final_state(phase, B, cos, sin, h_final, x)
+
+
+def _run(algorithm, chunk_size, x, dt, A, B, C, theta, lam, D, state0, mm_dtype=None):
     if algorithm == "sequential":
         return _sequential(x, dt, A, B, C, theta, lam, D, state0)
     if algorithm == "associative":
         return _associative(x, dt, A, B, C, theta, lam, D, state0)
+    if algorithm == "pallas":
+        return _pallas(x, dt, A, B, C, theta, lam, D, state0, chunk_size or 64, mm_dtype)
     return _chunked(x, dt, A, B, C, theta, lam, D, state0, chunk_size or 64)
 
 
@@ -213,9 +233,10 @@ def rotation(x, dt, A, B, C, theta, D=None, *, trap=None, initial_state=None, al
     """Runs the Mamba-3 SISO decay-rotation recurrence; returns (y, final_state: RotationState).
 
     theta (b, t, h, r), r <= n/2: angle per unit dt in radians (a model applies pi*tanh to its
-    projection). trap (b, t, h) in [0, 1] or None (Euler). Other arguments as scalar_decay.
+    projection). trap (b, t, h) in [0, 1] or None (Euler). Other arguments (and the algorithms,
+    'pallas' included) as scalar_decay.
     """
-    _checks.check_algorithm(CORE, algorithm)
+    _checks.check_algorithm(CORE, algorithm, _checks.KERNEL_ALGORITHMS)
     _checks.check_chunk_size(CORE, chunk_size)
     b, t, h, p, g, n = _checks.check_ssm_inputs(CORE, x, dt, A, B, C, D)
     r = _checks.check_pairs(CORE, "theta", theta, (b, t, h), n)
@@ -227,8 +248,9 @@ def rotation(x, dt, A, B, C, theta, D=None, *, trap=None, initial_state=None, al
         _check_state(CORE, initial_state, b, h, p, n, r)
         state0 = RotationState(*(_checks.cast(a, cdt) for a in initial_state))
     args = [_checks.cast(a, cdt) for a in (x, dt, per_token(A, b, t, h), B, C, theta, trap, D)] + [state0]
+    run = functools.partial(_run, mm_dtype=_checks.matmul_dtype(x))
     if algorithm == "auto":
-        y, final = auto.run_auto(CORE, t, chunk_size, _run, *args, state_size=p * n)
+        y, final = auto.run_auto(CORE, t, chunk_size, run, *args, state_size=p * n)
     else:
-        y, final = _run(algorithm, chunk_size, *args)
+        y, final = run(algorithm, chunk_size, *args)
     return y.astype(x.dtype), final

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from ssmgate.cores import _checks, auto
 from ssmgate.cores._ssd import associative_states, chunked_ssd, expand_groups, per_token
+from ssmgate.cores.pallas import pallas_ssd
 
 CORE = "scalar_decay"
 
@@ -72,11 +73,20 @@ def _chunked(x, dt, A, B, C, D, h0, chunk):
     return y, final
 
 
-def _run(algorithm, chunk_size, x, dt, A, B, C, D, h0):
+def _pallas(x, dt, A, B, C, D, h0, chunk, mm_dtype):
+    y, final = pallas_ssd(x * dt[..., None], dt * A, B, C, h0, chunk, mm_dtype=mm_dtype)
+    if D is not None:
+        y = y + D[:, None] * x
+    return y, final
+
+
+def _run(algorithm, chunk_size, x, dt, A, B, C, D, h0, mm_dtype=None):
     if algorithm == "sequential":
         return _sequential(x, dt, A, B, C, D, h0)
     if algorithm == "associative":
         return _associative(x, dt, A, B, C, D, h0)
+    if algorithm == "pallas":
+        return _pallas(x, dt, A, B, C, D, h0, chunk_size or 64, mm_dtype)
     return _chunked(x, dt, A, B, C, D, h0, chunk_size or 64)
 
 
@@ -85,10 +95,11 @@ def scalar_decay(x, dt, A, B, C, D=None, *, initial_state=None, algorithm="auto"
 
     y has x's dtype; the state (b, h, p, n) and all accumulation are float32 (float64 for float64
     inputs). `algorithm`: 'sequential' (lax.scan, the reference), 'associative'
-    (lax.associative_scan), 'chunked' (SSD matmul form, `chunk_size` tokens per chunk) or 'auto'
-    (the fastest measured for this backend and size, see ssmgate/cores/auto.py).
+    (lax.associative_scan), 'chunked' (SSD matmul form, `chunk_size` tokens per chunk), 'pallas'
+    (the chunked form as a Pallas kernel, ssmgate/cores/pallas/; interpreted on CPU, slow) or
+    'auto' (the fastest measured for this backend and size, see ssmgate/cores/auto.py).
     """
-    _checks.check_algorithm(CORE, algorithm)
+    _checks.check_algorithm(CORE, algorithm, _checks.KERNEL_ALGORITHMS)
     _checks.check_chunk_size(CORE, chunk_size)
     b, t, h, p, g, n = _checks.check_ssm_inputs(CORE, x, dt, A, B, C, D)
     if initial_state is not None:
@@ -96,10 +107,11 @@ def scalar_decay(x, dt, A, B, C, D=None, *, initial_state=None, algorithm="auto"
     cdt = _checks.compute_dtype(x, dt, A, B, C, D, initial_state)
     h0 = jnp.zeros((b, h, p, n), cdt) if initial_state is None else _checks.cast(initial_state, cdt)
     args = [_checks.cast(a, cdt) for a in (x, dt, per_token(A, b, t, h), B, C, D)] + [h0]
+    run = functools.partial(_run, mm_dtype=_checks.matmul_dtype(x))
     if algorithm == "auto":
-        y, final = auto.run_auto(CORE, t, chunk_size, _run, *args, state_size=p * n)
+        y, final = auto.run_auto(CORE, t, chunk_size, run, *args, state_size=p * n)
     else:
-        y, final = _run(algorithm, chunk_size, *args)
+        y, final = run(algorithm, chunk_size, *args)
     return y.astype(x.dtype), final
 
 

@@ -18,7 +18,7 @@ BLOCKS = ("mamba2", "mamba3", "gpt_neox", "llama")
 TRANSITIONS = ("native", "none", "static", "under", "critical", "over")
 MLPS = ("none", "swiglu", "gelu")
 DTYPES = ("float32", "bfloat16")
-ALGORITHMS = ("auto", "sequential", "associative", "chunked")
+ALGORITHMS = ("auto", "sequential", "associative", "chunked", "pallas")
 DAMPED = ("under", "critical", "over")
 # Mamba-3's data-dependent decay A_t = -max(act(dd_A_t), a_floor). SPEC 1.3 (and the Mamba-3
 # paper's reference) use "heavy": 1+u for u >= 0, 1/(1-u) for u < 0; the current official module
@@ -94,6 +94,9 @@ class ModelCfg:
             bad("dtype", f"one of {DTYPES}")
         if self.algorithm not in ALGORITHMS:
             bad("algorithm", f"one of {ALGORITHMS}")
+        if self.algorithm == "pallas" and (self.transition in DAMPED or self.mimo_rank > 1):
+            bad("algorithm", "not 'pallas' for a damped transition or MIMO (mimo_rank > 1): the Pallas kernel "
+                "serves scalar_decay and rotation; use 'auto' or 'chunked'")
         if self.chunk_size is not None and (not isinstance(self.chunk_size, int) or self.chunk_size < 1):
             bad("chunk_size", "None or an integer >= 1")
         if self.a_activation not in A_ACTIVATIONS:

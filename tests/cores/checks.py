@@ -62,13 +62,12 @@ def _grad_leaves(grads):
             jax.tree_util.tree_flatten_with_path(grads)[0]}
 
 
-def check_gradients(core, algorithm, regime, rng):
+def check_gradients(core, algorithm, regime, rng, case=GRAD_CASE):
     """Gradients w.r.t. every float input (x, dt, A, B, C, theta/nu, trap, D, every initial_state
     field) of a random projection of y and the final state, against the sequential algorithm."""
-    case = GRAD_CASE
     inp, proj = grad_inputs(core, case, regime, rng)
     want, (y_seq, _) = cm.grad_runner(core, "sequential", None, regime)(inp, proj)
-    chunk = case.chunk if algorithm == "chunked" else None
+    chunk = case.chunk if algorithm in cm.CHUNKED else None
     got, (y, _) = cm.grad_runner(core, algorithm, chunk, regime)(inp, proj)
     assert cm.rel_err(y, y_seq) <= PAIR_TOL
     want, got = _grad_leaves(want), _grad_leaves(got)
@@ -103,13 +102,12 @@ def extreme_inputs(core, case, rng):
     return inp
 
 
-def check_extreme(core, algorithm, regime, rng):
+def check_extreme(core, algorithm, regime, rng, case=GRAD_CASE):
     """Extreme decays dt*|A| in [1e-6, 50] give finite outputs, states and gradients; the outputs
     still agree with the float64 reference and the gradients with the sequential algorithm's."""
-    case = GRAD_CASE
     inp = extreme_inputs(core, case, rng)
     proj = cm.projection_weights((case.b, case.t, case.h, case.p), inp["init"], rng)
-    chunk = case.chunk if algorithm == "chunked" else None
+    chunk = case.chunk if algorithm in cm.CHUNKED else None
     grads, (y, final) = cm.grad_runner(core, algorithm, chunk, regime)(inp, proj)
     cm.assert_all_finite((y, final), f"{core}/{algorithm}/{regime} outputs")
     cm.assert_all_finite(grads, f"{core}/{algorithm}/{regime} gradients")
@@ -142,7 +140,7 @@ def check_half(core, algorithm, dtype, regime=None):
 def check_vmap(core, algorithm, regime=None):
     """jit(vmap(core)) over an extra leading axis equals the reference per slice."""
     case = cm.TINY
-    chunk = case.chunk if algorithm == "chunked" else None
+    chunk = case.chunk if algorithm in cm.CHUNKED else None
     inps = [cm.case_inputs(core, case, regime, seed) for seed in (0, 1, 2)]
     stacked = jax.tree.map(lambda *leaves: np.stack(leaves), *inps)
     fn = jax.jit(jax.vmap(lambda inp: cm.call_core(core, inp, algorithm=algorithm, chunk_size=chunk,

@@ -27,6 +27,7 @@ PARALLEL = {"scalar_decay": ("associative", "chunked"), "rotation": ("associativ
             "damped": ("associative", "chunked")}
 EXPLICIT = {k: ("sequential",) + v for k, v in PARALLEL.items()}  # every algorithm but 'auto'
 REGIMES = ("under", "critical", "over")
+CHUNKED = ("chunked", "pallas")  # the algorithms that take a chunk_size (pallas rounds it up to 2^k >= 16)
 AUTO_WARNING = "ignore:ssmgate.cores. no measured auto table"  # for pytest.mark.filterwarnings
 
 
@@ -140,9 +141,9 @@ def runner(core, algorithm, chunk_size=None, regime=None, c=0.9):
 
 def run(core, inp, algorithm, case: Case | None = None, regime=None, c=0.9, chunk_size=None):
     """Runs a case through the cached jitted runner; chunk_size defaults to the case's."""
-    if chunk_size is None and algorithm == "chunked" and case is not None:
+    if chunk_size is None and algorithm in CHUNKED and case is not None:
         chunk_size = case.chunk
-    if algorithm != "chunked":
+    if algorithm not in CHUNKED:
         chunk_size = None
     return runner(core, algorithm, chunk_size, regime if core == "damped" else None, c)(inp)
 

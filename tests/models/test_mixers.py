@@ -241,6 +241,8 @@ def test_heavy():
 STREAM_CASES = [
     ("mamba2", {}),
     ("mamba3", {"algorithm": "chunked", "chunk_size": 4}),
+    ("mamba2", {"algorithm": "pallas"}),
+    ("mamba3", {"algorithm": "pallas", "chunk_size": 16}),
     ("mamba3", {"transition": "none"}),
     ("mamba3", {"transition": "static"}),
     ("mamba3", {"transition": "under"}),
