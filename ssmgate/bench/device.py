@@ -74,12 +74,17 @@ def _reference(core: str, inputs: dict):
 def check_correctness(log=print) -> list[dict]:
     """pallas on the device vs the float64 reference; one dict per compared quantity."""
     results = []
+
+    def add(result: dict) -> None:
+        results.append(result)
+        log(_check_line(result))
+
     for core in DEVICE_ALGORITHMS:
         inputs = bench.make_inputs(core, *CHECK_SHAPE)
         try:
             ref_y, ref_state, ref_grads = _reference(core, inputs)
         except Exception as e:  # noqa: BLE001 - reported, the rest still runs
-            results.append({"core": core, "check": "reference", "ok": False, "error": repr(e)})
+            add({"core": core, "check": "reference", "ok": False, "error": repr(e)})
             continue
         for dtype in ("float32", "bfloat16"):
             run_inputs = inputs if dtype == "float32" else _to_half(inputs)
@@ -94,17 +99,11 @@ def check_correctness(log=print) -> list[dict]:
                 for what, (g, w) in got.items():
                     tol = CHECK_TOL[dtype]["grad" if what.startswith("grad") else what]
                     err = bench.relative_error(g, w)
-                    results.append({"core": core, "dtype": dtype, "check": what, "rel_err": err, "tol": tol,
-                                    "ok": bool(err <= tol)})
+                    add({"core": core, "dtype": dtype, "check": what, "rel_err": err, "tol": tol,
+                         "ok": bool(err <= tol)})
             except Exception as e:  # noqa: BLE001
-                results.append({"core": core, "dtype": dtype, "check": "run", "ok": False,
-                                "error": "".join(traceback.format_exception_only(e)).strip()})
-        for r in results:
-            if r["core"] == core and "logged" not in r:
-                r["logged"] = True
-                log(_check_line(r))
-    for r in results:
-        r.pop("logged", None)
+                add({"core": core, "dtype": dtype, "check": "run", "ok": False,
+                     "error": "".join(traceback.format_exception_only(e)).strip()})
     return results
 
 
