@@ -3,7 +3,8 @@
 # On a machine with the accelerator: checks the Pallas kernels against the float64 reference on the
 # device, times pallas vs chunked vs associative at Mamba-2-130M-like sizes (b=8 t=2048 h=24 p=64
 # n=128, bf16) with the fraction of the measured roofline, then measures the `auto` classes with
-# pallas among the candidates. About 5-10 minutes on one H200 (an estimate: not yet run on one).
+# pallas among the candidates (chunk 64 only: ~100 compilations, most of the run). About 5-10
+# minutes on one H200 (an estimate: not yet run on one).
 # Uses the machine's own python3 and JAX (accelerator machines are often offline: nothing is
 # installed), with the repository on PYTHONPATH. Writes to $OUT (default runs/device):
 # device_bench.json, device_bench.md, and auto_table.json (ssmgate/cores/auto_table.json with the
@@ -22,7 +23,7 @@ out_dir=${OUT:-runs/device}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # ssmgate's CPU-side defaults (malloc tuning, an XLA:CPU scheduler flag) are for the 2-core CPU VMs.
 export SSMGATE_MALLOC_TUNING=0 SSMGATE_XLA_DEFAULTS=0
-cmd=("$py" -m ssmgate.bench cores --backend="$backend" --chunk_sizes=64,128 --reps=5 --max_seconds=5
+cmd=("$py" -m ssmgate.bench cores --backend="$backend" --chunk_sizes=64 --reps=5 --max_seconds=5
      --write_auto_table --out "$out_dir/device_bench.json" --report "$out_dir/device_bench.md" "$@")
 echo "[device_bench] ${cmd[*]}"
 [[ ${DRY:-0} == 1 ]] && exit 0

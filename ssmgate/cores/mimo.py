@@ -26,7 +26,6 @@ import jax.numpy as jnp
 
 from ssmgate.cores import _checks, auto
 from ssmgate.cores._ssd import associative_states, carry_chunk_states, chunk_time, per_token, segment_decays
-from ssmgate.cores._trig import sin_cos
 from ssmgate.cores.rotation import TWO_PI, phases_cos_sin, rotate_pairs, scan_tokens, trapezoid_scales
 
 CORE = "rotation_mimo"
@@ -129,7 +128,7 @@ def _step(state, x, dt, A, B, C, theta, lam, D):
     """One token in the compute dtype: x (b, h, R, p), B/C (b, g, R, n). lam is None for Euler."""
     heads = x.shape[1]
     phase = jnp.mod(state.phase + dt[..., None] * theta, TWO_PI)
-    sin, cos = sin_cos(phase)
+    cos, sin = jnp.cos(phase), jnp.sin(phase)  # as rotation._step
     B_rot = _rotate_ranks(_heads(B, heads, 1), cos, sin)
     C_rot = _rotate_ranks(_heads(C, heads, 1), cos, sin)
     a = jnp.exp(dt * A)

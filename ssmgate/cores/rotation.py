@@ -84,7 +84,8 @@ def _step(state, x, dt, A, B, C, theta, lam, D):
     """One token in the compute dtype. lam is None for Euler."""
     heads = x.shape[1]
     phase = jnp.mod(state.phase + dt[..., None] * theta, TWO_PI)
-    sin, cos = sin_cos(phase)
+    # jnp here, not _trig.sin_cos: on a step's few phases the polynomial measured ~10% slower
+    cos, sin = jnp.cos(phase), jnp.sin(phase)
     B_rot = rotate_pairs(expand_groups(B, heads), cos, sin)
     C_rot = rotate_pairs(expand_groups(C, heads), cos, sin)
     a = jnp.exp(dt * A)
