@@ -128,7 +128,7 @@ def _step(state, x, dt, A, B, C, theta, lam, D):
     """One token in the compute dtype: x (b, h, R, p), B/C (b, g, R, n). lam is None for Euler."""
     heads = x.shape[1]
     phase = jnp.mod(state.phase + dt[..., None] * theta, TWO_PI)
-    cos, sin = jnp.cos(phase), jnp.sin(phase)  # as rotation._step
+    cos, sin = jnp.cos(phase), jnp.sin(phase)
     B_rot = _rotate_ranks(_heads(B, heads, 1), cos, sin)
     C_rot = _rotate_ranks(_heads(C, heads, 1), cos, sin)
     a = jnp.exp(dt * A)
