@@ -48,11 +48,13 @@ def _repeat_heads(arr, h: int, axis: int):
     return arr if G == h else jnp.repeat(arr, h // G, axis=axis)
 
 
-def _pad_time(arr, pad: int):
-    if pad == 0:
+def pad_axis(arr, axis: int, size: int):
+    """arr zero-padded at the end of `axis` to length `size` (the chunked forms' inert padding)."""
+    extra = size - arr.shape[axis]
+    if extra == 0:
         return arr
     widths = [(0, 0)] * arr.ndim
-    widths[1] = (0, pad)
+    widths[axis] = (0, extra)
     return jnp.pad(arr, widths)
 
 
@@ -61,7 +63,7 @@ def chunk_time(arr, chunk: int):
     chunked forms keep padding inert: log-decay 0 and no write)."""
     t = arr.shape[1]
     nc = -(-t // chunk)
-    return _pad_time(arr, nc * chunk - t).reshape(arr.shape[0], nc, chunk, *arr.shape[2:])
+    return pad_axis(arr, 1, nc * chunk).reshape(arr.shape[0], nc, chunk, *arr.shape[2:])
 
 
 def segment_decays(logdecay_bcqh):

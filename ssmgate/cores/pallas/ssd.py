@@ -32,6 +32,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from ssmgate.cores._ssd import pad_axis
+
 BACKENDS = ("interpret", "gpu", "tpu")
 MIN_TILE = 16   # Triton's dots need every dimension >= 16
 
@@ -264,15 +266,6 @@ def _unpack(arrays, has_xdiag):
 
 # ----------------------------------------------------------------------------- public entry
 
-def _pad_axis(arr, axis, size):
-    extra = size - arr.shape[axis]
-    if extra == 0:
-        return arr
-    widths = [(0, 0)] * arr.ndim
-    widths[axis] = (0, extra)
-    return jnp.pad(arr, widths)
-
-
 def pallas_ssd(xs_bthp, logdecay_bth, B_btgn, C_btgn, h0_bhpn, chunk: int, xdiag_bthp=None, *,
                backend: str | None = None, block_p: int | None = None, mm_dtype=None):
     """The drop-in kernel form of `chunked_ssd` for one (B, C) block (G groups, G dividing h).
@@ -301,11 +294,11 @@ def pallas_ssd(xs_bthp, logdecay_bth, B_btgn, C_btgn, h0_bhpn, chunk: int, xdiag
     cfg = (q, bp, backend, acc, mm)
 
     def heads_first(arr, channels):          # (b, t, k, c) -> (b, k, T, C): padded, head-major
-        return _pad_axis(_pad_axis(jnp.swapaxes(arr, 1, 2), 2, T), 3, channels)
+        return pad_axis(pad_axis(jnp.swapaxes(arr, 1, 2), 2, T), 3, channels)
 
-    arrays = [heads_first(xs_bthp, P), _pad_axis(jnp.swapaxes(logdecay_bth, 1, 2), 2, T),
+    arrays = [heads_first(xs_bthp, P), pad_axis(jnp.swapaxes(logdecay_bth, 1, 2), 2, T),
               heads_first(B_btgn.astype(acc), N), heads_first(C_btgn.astype(acc), N),
-              _pad_axis(_pad_axis(h0_bhpn.astype(acc), 2, P), 3, N)]
+              pad_axis(pad_axis(h0_bhpn.astype(acc), 2, P), 3, N)]
     if xdiag_bthp is not None:
         arrays.append(heads_first(xdiag_bthp.astype(acc), P))
     y, hT = _kernel_fn(cfg, xdiag_bthp is not None)(*arrays)
