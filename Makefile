@@ -35,9 +35,10 @@ test-slow: venv
 bench: venv
 	$(PY) -m ssmgate.bench cores --out $(BENCH_OUT)/cores.json
 
-# Regenerates docs/benchmarks.md (cores, Fig 1 sweeps, training sweep and throughput) and the measured auto table (ssmgate/cores/auto_table.json).
+# Regenerates docs/benchmarks.md (cores, the chunked form's ceiling, Fig 1 sweeps, training sweep and throughput) and the measured auto table (ssmgate/cores/auto_table.json).
 bench-docs: venv
 	$(PY) -m ssmgate.bench cores --out $(BENCH_OUT)/cores.json --reps 7 --write_auto_table --docs docs/benchmarks.md
+	$(PY) -m ssmgate.bench ssd_ceiling --out $(BENCH_OUT)/ssd_ceiling.json --reps 9 --docs docs/benchmarks.md
 	$(PY) -m ssmgate.bench fig1_sweeps --out $(BENCH_OUT)/sweeps.json --docs docs/benchmarks.md
 	$(PY) -m ssmgate.bench sweep --out $(BENCH_OUT)/train.json --docs docs/benchmarks.md
 
