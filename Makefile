@@ -22,7 +22,7 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 
 # The test command of the README (and of .ci/run): the fast suite, one file per worker process
 # (the suite is mostly XLA compilation, single-threaded, which tests/conftest.py makes cheaper: LLVM -O0 and a
-# persistent compilation cache per worker; measured 2026-12-02 on 2 cores from a fresh clone: two workers 10.4 minutes of pytest (1,244 tests; 13.6 with 1,203 earlier that day: this VM varies between runs); three workers were slower, 18.6 against 17, before the last cuts).
+# persistent compilation cache per worker; measured 2026-12-02 on 2 cores from a fresh clone: two workers 8.6 minutes of pytest (1,250 tests; 10.4 and 13.6 earlier that day: this VM varies between runs); three workers were slower, 18.6 against 17, before the last cuts).
 TEST_WORKERS ?= 2
 test: venv
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
