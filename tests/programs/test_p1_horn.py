@@ -255,7 +255,8 @@ def test_every_flag_file_dry_runs():
     cpu = parts[str(REPO / "experiments/p1/cpu/horn_retrieval.flags")]
     assert "offsets -6, 3" in cpu and "props_per_set=16, K=16" in cpu and "k_max=8" in cpu and "d_model=64" in cpu
     assert "total_steps=2000" in cpu and "name='muon', lr=0.001" in cpu and "n_layers=2" in cpu
-    assert "length generalisation k = 16: 339 tokens" in parts[str(REPO / "experiments/p1/cpu/horn_lengen.flags")]
+    cpu_lengen = parts[str(REPO / "experiments/p1/cpu/horn_lengen.flags")]
+    assert "length generalisation k = 64: 1299 tokens" in cpu_lengen and "offsets -6, -2, 0 x seeds 0..1" in cpu_lengen
     assert "offsets 0 x seeds" in parts[str(REPO / "experiments/p1/quick/horn_transformer.flags")]
 
 
