@@ -15,9 +15,7 @@ block between '<!-- bench:ceiling -->' markers.
 """
 from __future__ import annotations
 
-import json
 import os
-import pathlib
 import sys
 import time
 
@@ -26,8 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from ssmgate.bench.cores import (_cpu_name, core_fn, make_inputs, measure_matmul_flops, time_call,
-                                 update_docs)
+from ssmgate.bench.cores import _cpu_name, core_fn, make_inputs, measure_matmul_flops, time_call, write_result
 
 FLAGS = flags.FLAGS  # --shape, --chunk_sizes, --reps, --out and --docs are the cores benchmark's flags
 
@@ -139,10 +136,4 @@ def main(argv) -> None:
                          f"positive ones; got {FLAGS.shape}, {FLAGS.chunk_sizes}")
     result = measure(shape, chunks, FLAGS.reps)
     print(markdown(result))
-    out = pathlib.Path(FLAGS.out if FLAGS["out"].present else "runs/bench/ssd_ceiling.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
-    if FLAGS.docs:
-        update_docs(FLAGS.docs, markdown(result), name="ceiling")
-        print(f"updated {FLAGS.docs}")
+    write_result(result, markdown(result), "runs/bench/ssd_ceiling.json", "ceiling")

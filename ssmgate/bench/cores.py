@@ -252,6 +252,18 @@ def update_docs(path: str, block: str, name: str = "cores") -> None:
     p.write_text(head + start + "\n" + block + "\n" + end + rest.split(end, 1)[1])
 
 
+def write_result(result: dict, block: str, default_out: str, docs_name: str, log=print) -> None:
+    """A benchmark's last step: its JSON to --out (default_out unless given), its markdown block
+    into --docs between the '<!-- bench:docs_name -->' markers when --docs is given."""
+    out = pathlib.Path(FLAGS.out if FLAGS["out"].present else default_out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    log(f"wrote {out}")
+    if FLAGS.docs:
+        update_docs(FLAGS.docs, block, name=docs_name)
+        log(f"updated {FLAGS.docs}")
+
+
 def measure_auto_table(cores, base_shape, chunk_sizes, reps, max_seconds, log=print, algorithms=None) -> dict:
     """Per core, width class and size class, the fastest forward and the fastest forward+backward
     (algorithm, chunk) on this backend among algorithms[core] (default ALGORITHMS), with every

@@ -8,9 +8,7 @@ the cores benchmark; --docs replaces the block between '<!-- bench:sweeps -->' m
 """
 from __future__ import annotations
 
-import json
 import os
-import pathlib
 import sys
 import time
 
@@ -19,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from ssmgate.bench.cores import _cpu_name, update_docs
+from ssmgate.bench.cores import _cpu_name, write_result
 from ssmgate.programs import p1_fig1
 from ssmgate.tasks import perturbed_labels as tasks
 from ssmgate.train.sgd_sweep import sgd_run
@@ -124,10 +122,4 @@ def main(argv) -> None:
     result = {"date": time.strftime("%Y-%m-%d"), "cpu": _cpu_name(), "cores": os.cpu_count(), "jax": jax.__version__,
               "backend": jax.default_backend(), "reps": reps,
               "command": " ".join(["python -m ssmgate.bench"] + sys.argv[1:]), "rows": rows}
-    if FLAGS.docs:
-        update_docs(FLAGS.docs, markdown(result), name="sweeps")
-        log(f"updated {FLAGS.docs}")
-    out = pathlib.Path(FLAGS.out if FLAGS["out"].present else "runs/bench/sweeps.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    log(f"wrote {out}")
+    write_result(result, markdown(result), "runs/bench/sweeps.json", "sweeps", log)

@@ -19,9 +19,7 @@ Shares --out, --docs and --reps with the other benchmarks; --docs replaces the b
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import pathlib
 import sys
 import time
 from typing import Sequence
@@ -31,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from ssmgate.bench.cores import _cpu_name, measure_matmul_flops, update_docs
+from ssmgate.bench.cores import _cpu_name, measure_matmul_flops, write_result
 from ssmgate.cores import scalar_decay
 from ssmgate.models.config import ModelCfg
 from ssmgate.models.gates import offset_gates
@@ -292,10 +290,4 @@ def main(argv) -> None:
               "split": bench_split(reps),
               "throughput": bench_throughput(max(2, FLAGS.train_steps // 4), reps, peak)}
     print(markdown(result))
-    out = pathlib.Path(FLAGS.out if FLAGS["out"].present else "runs/bench/train.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
-    if FLAGS.docs:
-        update_docs(FLAGS.docs, markdown(result), name="train")
-        print(f"updated {FLAGS.docs}")
+    write_result(result, markdown(result), "runs/bench/train.json", "train")
