@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
+from ssmgate.bench import cli_runs
 from ssmgate.bench.cores import _cpu_name, measure_matmul_flops, write_result
 from ssmgate.cores import scalar_decay
 from ssmgate.models.config import ModelCfg
@@ -42,8 +43,11 @@ from ssmgate.train.step import make_train_step
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("train_steps", 20, "Timed training steps per measurement.", lower_bound=1)
+flags.DEFINE_integer("run_steps", 500, "Steps of each end-to-end run (16 separate runs vs one sweep run); 0 skips them.",
+                     lower_bound=0)
 
 SWEEP_MODEL = ModelCfg(block="mamba2", vocab_size=32, d_model=32, n_layers=2, d_state=16, headdim=16)
+SWEEP_LRS, SWEEP_OFFSETS = np.logspace(-3.5, -2, 4), np.linspace(-3, 1, 4)
 SWEEP_TASK = synthetic_lm.SyntheticCfg("recall", batch=16, seq_len=33, vocab_size=32)
 # Two sizes: per-op overhead dominates a step of the tiny one, arithmetic the other.
 SWEEP_SIZES = {
@@ -74,12 +78,12 @@ def _timed(fn, reps):
     return first, best
 
 
-def bench_sweep(steps: int, reps: int, cfg: ModelCfg = SWEEP_MODEL, task=SWEEP_TASK, k_lrs=4, k_offsets=4,
-                log=print) -> dict:
+def bench_sweep(steps: int, reps: int, cfg: ModelCfg = SWEEP_MODEL, task=SWEEP_TASK, lrs=SWEEP_LRS,
+                offsets=SWEEP_OFFSETS, log=print) -> dict:
     model = build_model(cfg)
     tx = optim.make_optimizer(optim.OptimCfg(name="adamw", lr=1e-3, total_steps=steps))
     step = make_train_step(_loss(model), tx)
-    replicas = sweep.grid([0], np.logspace(-3.5, -2, k_lrs), np.linspace(-3, 1, k_offsets))
+    replicas = sweep.grid([0], lrs, offsets)
     tokens = jnp.zeros((1, 8), jnp.int32)
     init = lambda key, offset: offset_gates(model.init(key, tokens)["params"], offset)
     state0 = jax.jit(lambda: sweep.init_sweep(replicas, init, tx))()  # eagerly, Flax's init compiles op by op
@@ -267,6 +271,18 @@ def markdown(result: dict) -> str:
         cell = lambda s: "–" if s is None else f"{1e3 * s:.2f} ({s / r['one_s']:.2f}×)"
         lines.append(f"| {r['part']} | {1e3 * r['one_s']:.2f} | {cell(r['vmapped_s'])} | {cell(r['mapped_s'])} | "
                      f"{cell(r['folded_s'])} |")
+    if result.get("runs"):
+        r = result["runs"]
+        lines += ["", f"**End to end**: the small sweep's {r['replicas']} models as {r['replicas']} separate runs of "
+                  f"`python -m ssmgate.main --program=train` one after another against one sweep run of the same grid "
+                  f"({r['steps']} steps of {r['batch']} x {r['seq_len']} each, evaluation and checkpoints twice, each a "
+                  "fresh process without a compilation cache; every run's final loss within "
+                  f"{r['max_rel_loss_diff']:.1e} of its sweep replica's):", "",
+                  "| runs | one after another | one sweep run | speed-up | a separate run (its training loop) | "
+                  "the sweep run (its training loop) |", "|---|---|---|---|---|---|",
+                  f"| {r['replicas']} | {r['sequential_s']:.1f} s | {r['sweep_s']:.1f} s | **{r['speedup']:.1f}×** | "
+                  f"{r['run_s_mean']:.1f} s ({r['run_loop_s_mean']:.1f} s) | {r['sweep_s']:.1f} s "
+                  f"({r['sweep_loop_s']:.1f} s) |"]
     lines += ["",
               f"**Training throughput** (forward + backward + AdamW, float32; batch {THROUGHPUT_TASK['batch']}, "
               f"length {THROUGHPUT_TASK['seq_len']}, 4 layers, d_model 256; matmul peak "
@@ -288,6 +304,8 @@ def main(argv) -> None:
               "matmul_peak_flops": peak, "sweep": [dict(bench_sweep(FLAGS.train_steps, reps, cfg, task), name=name)
                         for name, (cfg, task) in SWEEP_SIZES.items()],
               "split": bench_split(reps),
-              "throughput": bench_throughput(max(2, FLAGS.train_steps // 4), reps, peak)}
+              "throughput": bench_throughput(max(2, FLAGS.train_steps // 4), reps, peak),
+              "runs": (cli_runs.bench_runs(SWEEP_MODEL, SWEEP_TASK, SWEEP_LRS, SWEEP_OFFSETS, FLAGS.run_steps)
+                       if FLAGS.run_steps else None)}
     print(markdown(result))
     write_result(result, markdown(result), "runs/bench/train.json", "train")
