@@ -35,7 +35,7 @@ test-slow: venv
 bench: venv
 	$(PY) -m ssmgate.bench cores --out $(BENCH_OUT)/cores.json
 
-# Regenerates docs/benchmarks.md (cores, the chunked form's ceiling, Fig 1 sweeps, training sweep and throughput) and the measured auto table (ssmgate/cores/auto_table.json).
+# Regenerates docs/benchmarks.md (cores, the chunked form's ceiling, Fig 1 sweeps, training sweep per step and end to end, throughput) and the measured auto table (ssmgate/cores/auto_table.json).
 bench-docs: venv
 	$(PY) -m ssmgate.bench cores --out $(BENCH_OUT)/cores.json --reps 7 --write_auto_table --docs docs/benchmarks.md
 	$(PY) -m ssmgate.bench ssd_ceiling --out $(BENCH_OUT)/ssd_ceiling.json --reps 9 --docs docs/benchmarks.md
