@@ -23,7 +23,8 @@ FLAGS = flags.FLAGS
 
 
 def config_from_flags() -> train_lm.TrainLMCfg:
-    steps, batch, lr = tf.require("steps", "train"), tf.require("batch", "train"), tf.require("lr", "train")
+    steps, batch = tf.require("steps", "train"), tf.require("batch", "train")
+    lrs = tf.learning_rates(FLAGS.lr)  # --sweep_lrs, or --lr; the optimizer's own lr is set per replica
     task_name = FLAGS.task or "copy"
     if task_name not in synthetic_lm.TASKS:
         raise ConfigError(f"--task={task_name}: expected one of {', '.join(synthetic_lm.TASKS)} for --program=train")
@@ -35,9 +36,9 @@ def config_from_flags() -> train_lm.TrainLMCfg:
         raise ConfigError(f"--{e}" if not str(e).startswith("--") else str(e)) from None
     if FLAGS.seeds < 1:
         raise ConfigError(f"--seeds={FLAGS.seeds}: expected >= 1")
-    replicas = tuple(sweep.grid(range(FLAGS.seed, FLAGS.seed + FLAGS.seeds), tf.learning_rates(lr), offsets))
+    replicas = tuple(sweep.grid(range(FLAGS.seed, FLAGS.seed + FLAGS.seeds), lrs, offsets))
     stop = sweep.StopRule(FLAGS.stop_metric, FLAGS.escape_thr, FLAGS.stop_thr)
-    cfg = train_lm.TrainLMCfg(model=model, optim=tf.optim_cfg(lr, steps), task=task, loop=tf.loop_cfg(steps),
+    cfg = train_lm.TrainLMCfg(model=model, optim=tf.optim_cfg(lrs[0], steps), task=task, loop=tf.loop_cfg(steps),
                               mesh=tf.mesh_cfg(), replicas=replicas, stop=stop, eval_batches=FLAGS.eval_batches,
                               preset=FLAGS.preset, force_sweep=FLAGS.sweep)
     return cfg.validate()

@@ -193,3 +193,25 @@ def test_train_flag_files_validate_and_compose():
     assert lines["mamba2_copy.flags"] == "64 copy 1 None"
     # the sweep file includes the copy file (--flagfile) and adds 4 offsets x 2 seeds
     assert lines["mamba2_offset_sweep.flags"] == "64 copy 8 0.9"
+
+
+CHECK_LR_FLAGS = """
+from absl import flags
+import ssmgate.main  # defines every flag
+from ssmgate.programs import train_lm_flags
+from ssmgate.programs.config_error import ConfigError
+for args in (["--sweep_lrs=1e-3,2e-3"], []):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["check", "--program=train", "--steps=3", "--batch=4", *args])
+    try:
+        cfg = train_lm_flags.config_from_flags()
+        print([r.lr for r in cfg.replicas], cfg.optim.lr)
+    except ConfigError as e:
+        print("error:", e)
+"""
+
+
+def test_a_learning_rate_sweep_needs_no_lr_and_neither_is_an_error():
+    res = subprocess.run([sys.executable, "-c", CHECK_LR_FLAGS], cwd=REPO, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.splitlines() == ["[0.001, 0.002] 0.001", "error: --sweep_lrs or --lr is required"]
