@@ -6,7 +6,7 @@ start-up, compilation, training, evaluation, checkpoints, metrics and plots. The
 comparison (ssmgate.bench.train.bench_sweep) shares one compiled program between the 16 runs and
 so measures the vmapped step alone; this measures what a researcher waits for. Every run's final
 evaluation loss is compared with the sweep's for the same replica (the two must train the same
-models), and the fixed cost of a run is separated from its steps by the runs' own step rates.
+models), and each run's training loop (its summary's wall_s) is timed beside its whole process.
 """
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ from ssmgate.models.config import ModelCfg
 def test_sweep_and_throughput_rows_and_markdown(monkeypatch):
     tiny = ModelCfg(block="mamba2", vocab_size=16, d_model=16, n_layers=1, d_state=8, headdim=8)
     task = dataclasses.replace(train.SWEEP_TASK, vocab_size=16, batch=4, seq_len=9)
-    row = train.bench_sweep(steps=2, reps=1, cfg=tiny, task=task, lrs=[1e-3, 1e-2], offsets=[-1.0, 0.0], log=lambda *_: None)
+    row = train.bench_sweep(steps=2, reps=1, cfg=tiny, task=task, lrs=[1e-3, 1e-2], offsets=[-1.0, 0.0],
+                            log=lambda *_: None)
     assert row["replicas"] == 4 and row["sweep_s"] > 0 and row["speedup"] == row["sequential_s"] / row["sweep_s"]
     monkeypatch.setattr(train, "THROUGHPUT_MODELS", {"Mamba-2": tiny,
                                                      "Transformer": ModelCfg(block="llama", vocab_size=16, d_model=16,
