@@ -76,8 +76,9 @@ def bench_runs(cfg: ModelCfg, task: SyntheticCfg, lrs: Sequence[float], offsets:
     if not np.all(diff <= LOSS_AGREEMENT):
         raise RuntimeError(f"bench runs: the separate runs' final losses differ from the sweep's by up to "
                            f"{diff.max():.3g} (relative), expected <= {LOSS_AGREEMENT:g}: they did not train the same models")
+    sequential = float(sum(walls))
     row = {"replicas": k, "steps": steps, "batch": task.batch, "seq_len": task.seq_len,
-           "sweep_s": sweep_wall, "sequential_s": float(sum(walls)), "speedup": float(sum(walls)) / sweep_wall,
+           "sweep_s": sweep_wall, "sequential_s": sequential, "speedup": sequential / sweep_wall,
            "run_s_mean": float(np.mean(walls)), "run_loop_s_mean": float(np.mean(loops)),
            "sweep_loop_s": float(sweep_summary["wall_s"]),
            "max_rel_loss_diff": float(diff.max())}
