@@ -56,3 +56,18 @@ def test_a_subset_of_tasks_reports_what_exists(tmp_path):
     entry, text = report.build(only, "quick", {}, {}, tmp_path / "figures", tmp_path)
     assert entry["phase_code"] == {} and list(entry["checks"]) == ["arith_underdamped_best_and_ge_10"]
     assert "p2_phase_code" not in text and "| Arithmetic |" in text
+
+
+@pytest.mark.parametrize("minutes, within", [((20.9, 24.4, 7.8), True), ((22.2, 26.4, 50.1), False)])
+def test_the_cpu_grid_is_timed_against_the_hour(tmp_path, minutes, within):
+    walls = {report.RUN_OF_TASK[t]: 60 * m for t, m in zip(report.TASKS, minutes)}
+    entry, text = report.build(runs(), "cpu", {}, walls, tmp_path / "figures", tmp_path)
+    assert entry["checks"]["cpu_grid_within_60_min"] is within
+    assert f"| all | {sum(minutes):.1f} |" in text and f"| state_tracking_mod3 | {minutes[1]:.1f} |" in text
+
+
+def test_other_scales_and_partial_grids_have_no_time_check(tmp_path):
+    walls = {report.RUN_OF_TASK[t]: 60.0 for t in report.TASKS}
+    assert "cpu_grid_within_60_min" not in report.build(runs(), "quick", {}, walls, tmp_path / "f", tmp_path)[0]["checks"]
+    del walls["state_tracking_arith"]
+    assert "cpu_grid_within_60_min" not in report.build(runs(), "cpu", {}, walls, tmp_path / "f", tmp_path)[0]["checks"]
