@@ -7,8 +7,9 @@ ssmgate.programs.p2_state_tracking and returns
     {model: {task: {length: value}}}, "chosen_lr": {model: {task: lr}}, "phase_code":
     {"parity_deg": [input 0, input 1], "mod3_deg": [...]}, "checks": {...}, "wall_s": {...}},
    markdown)
-with Table 2 beside the paper's values, the chosen learning rates, the phase-code figure and the
-frozen-transition spectra figure (ssmgate.theory.oscillation_plots).
+with Table 2 beside the paper's values, the chosen learning rates, the phase-code figure, the
+frozen-transition spectra figure (ssmgate.theory.oscillation_plots) and each task run's wall time
+(at cpu scale the whole grid is checked against issue #5's hour on 2 cores).
 """
 from __future__ import annotations
 
