@@ -49,7 +49,8 @@ reproduce: venv
 
 # Regenerates experiments of the committed cpu-scale report in docs/reproduction/ (on purpose; the others' sections
 # are kept). ONLY=p1_fig1 takes about 15 minutes, ONLY=p1_kv about 90 minutes, ONLY=p1_horn about 50 minutes (both measured with other jobs on the cores; p1_horn 49.5 minutes on 2026-12-02 with K = 64 lengen runs);
-# ONLY=p2_state_tracking 99 minutes on 2026-12-02 (parity 22.2, mod 3 26.4, arithmetic 50.1, 20 of them beside a test suite; 57 on 2026-12-01 with parity at 1 seed).
+# ONLY=p2_state_tracking 53 minutes alone on 2026-12-02 (parity 20.9, mod 3 24.4, arithmetic 7.8). Runs resume from their checkpoints in
+# runs/reproduce-cpu: remove runs/reproduce-cpu/<experiment> first for a full rerun and a true wall time.
 reproduce-docs: venv
 	$(PY) -m ssmgate.reproduce --scale=cpu --only=$(ONLY) --out_dir=runs/reproduce-cpu --docs_dir=docs/reproduction
 
