@@ -9,6 +9,11 @@ lines, and later flags override earlier ones. `--dry_run` prints the resolved co
 On a multi-host pod pass `--distributed`: `jax.distributed.initialize()` joins the hosts first
 (coordinator, process count and id from the cluster environment on TPU VMs and SLURM, or from
 `--coordinator_address/--num_processes/--process_id`).
+
+On a CPU, `--cpu_devices=N` splits the machine into N XLA devices before JAX starts, so that a
+mesh axis over them runs side by side on the cores: a sweep with `--mesh_replica=N` trains its
+replicas N groups at a time (P1's cpu KV sweep, 8 replicas on 2 cores: 1.2-1.3x the steps per
+second of one device, the same losses to float32 rounding).
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import sys
 
 from absl import app, flags, logging
 
+from ssmgate import xla_env
 from ssmgate.programs import (p1_fig1_flags, p1_horn_flags, p1_kv_flags, p1_tools_flags, p2_lm_flags,
                               p2_state_tracking_flags, train_lm_flags)
 from ssmgate.programs.config_error import ConfigError
@@ -26,6 +32,9 @@ PROGRAMS = {"p1_fig1": p1_fig1_flags, "p1_horn": p1_horn_flags, "p1_kv": p1_kv_f
 flags.DEFINE_enum("program", None, sorted(PROGRAMS), "The experiment program to run.")
 flags.DEFINE_string("run_dir", None, "Output directory of the run (created; an existing run resumes).")
 flags.DEFINE_boolean("dry_run", False, "Check the flags and print the configuration; run nothing.")
+flags.DEFINE_integer("cpu_devices", None, "Split the host CPU into this many XLA devices before JAX starts "
+                     "(XLA_FLAGS --xla_force_host_platform_device_count), e.g. 2 with --mesh_replica=2 to run a "
+                     "sweep's replicas on two cores side by side; default: XLA's one CPU device.")
 flags.DEFINE_boolean("distributed", False, "Call jax.distributed.initialize() first (multi-host runs).")
 flags.DEFINE_string("coordinator_address", None, "--distributed: host:port of process 0 (default: from the cluster).")
 flags.DEFINE_integer("num_processes", None, "--distributed: number of processes (default: from the cluster).")
@@ -58,6 +67,11 @@ def main(argv):
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # keeps JAX's start-up INFO lines out of the progress display
     program = PROGRAMS[FLAGS.program]
+    if FLAGS.cpu_devices is not None:
+        try:
+            xla_env.set_cpu_devices(FLAGS.cpu_devices)
+        except (ValueError, RuntimeError) as e:
+            raise app.UsageError(str(e)) from None
     try:
         cfg = program.config_from_flags()
         if FLAGS.dry_run:
