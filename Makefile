@@ -48,7 +48,8 @@ reproduce: venv
 	$(PY) -m ssmgate.reproduce --scale=$(SCALE) --only=$(ONLY) --out_dir=runs/reproduce
 
 # Regenerates experiments of the committed cpu-scale report in docs/reproduction/ (on purpose; the others' sections
-# are kept). ONLY=p1_fig1 takes about 15 minutes, ONLY=p1_kv about 90 minutes, ONLY=p1_horn about 50 minutes (both measured with other jobs on the cores; p1_horn 49.5 minutes on 2026-12-02 with K = 64 lengen runs);
+# are kept). ONLY=p1_fig1 takes about 15 minutes, ONLY=p1_kv 62.5 minutes alone on 2026-12-03 (best-first 32.2,
+# best-last 12.1, Transformer 18.1), ONLY=p1_horn about 50 minutes (49.5 on 2026-12-02 with K = 64 lengen runs, beside other jobs);
 # ONLY=p2_state_tracking 53 minutes alone on 2026-12-02 (parity 20.9, mod 3 24.4, arithmetic 7.8). Runs resume from their checkpoints in
 # runs/reproduce-cpu: remove runs/reproduce-cpu/<experiment> first for a full rerun and a true wall time.
 reproduce-docs: venv
