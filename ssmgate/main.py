@@ -33,7 +33,7 @@ flags.DEFINE_enum("program", None, sorted(PROGRAMS), "The experiment program to 
 flags.DEFINE_string("run_dir", None, "Output directory of the run (created; an existing run resumes).")
 flags.DEFINE_boolean("dry_run", False, "Check the flags and print the configuration; run nothing.")
 flags.DEFINE_integer("cpu_devices", None, "Split the host CPU into this many XLA devices before JAX starts "
-                     "(XLA_FLAGS --xla_force_host_platform_device_count), e.g. 2 with --mesh_replica=2 to run a "
+                     "(JAX's jax_num_cpu_devices), e.g. 2 with --mesh_replica=2 to run a "
                      "sweep's replicas on two cores side by side; default: XLA's one CPU device.")
 flags.DEFINE_boolean("distributed", False, "Call jax.distributed.initialize() first (multi-host runs).")
 flags.DEFINE_string("coordinator_address", None, "--distributed: host:port of process 0 (default: from the cluster).")

@@ -41,23 +41,21 @@ CPU_DEVICES_FLAG = "xla_force_host_platform_device_count"
 
 
 def set_cpu_devices(n: int, environ=os.environ) -> None:
-    """Splits the host CPU into `n` XLA devices (`--xla_force_host_platform_device_count`), so that a
-    mesh axis over them, e.g. a sweep's replica axis, runs its shards on the cores side by side.
-    Must run before a JAX backend starts. An XLA_FLAGS that already sets the count is kept when it
-    agrees and is an error when it does not (the two would silently disagree otherwise)."""
+    """Splits the host CPU into `n` XLA devices (JAX's `jax_num_cpu_devices`), so that a mesh axis
+    over them, e.g. a sweep's replica axis, runs its shards on the cores side by side. Must run
+    before a JAX backend starts. An XLA_FLAGS that sets --xla_force_host_platform_device_count to
+    another count is an error (JAX's setting would silently override it)."""
     if n < 1:
         raise ValueError(f"--cpu_devices={n}: expected an integer >= 1")
-    from jax._src import xla_bridge  # private, but the only way to ask without starting a backend
-    if xla_bridge.backends_are_initialized():
-        import jax
-        have = len(jax.devices("cpu"))
-        if have == n:  # e.g. a second run in the same process
-            return
-        raise RuntimeError(f"--cpu_devices={n}: the JAX backend of this process has already started with {have} "
-                           "CPU device(s); the count can only be set before the first JAX computation")
-    flags = environ.get("XLA_FLAGS", "")
-    given = re.search(rf"--{CPU_DEVICES_FLAG}=(\d+)", flags)
+    given = re.search(rf"--{CPU_DEVICES_FLAG}=(\d+)", environ.get("XLA_FLAGS", ""))
     if given and int(given.group(1)) != n:
         raise ValueError(f"--cpu_devices={n}: XLA_FLAGS already sets --{CPU_DEVICES_FLAG}={given.group(1)}; "
                          "expected one of the two, or the same count in both")
-    environ["XLA_FLAGS"] = with_flag(flags, CPU_DEVICES_FLAG, str(n))
+    import jax
+    try:
+        jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError:  # JAX refuses once a backend has started
+        have = len(jax.devices("cpu"))
+        if have != n:
+            raise RuntimeError(f"--cpu_devices={n}: the JAX backend of this process has already started with {have} "
+                               "CPU device(s); the count can only be set before the first JAX computation") from None
