@@ -54,3 +54,15 @@ def run_many(arg_lists: Sequence[Sequence[str]], env: dict | None = None, cwd: P
         raise RuntimeError(f"the child running ssmgate.main failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     results = json.loads(proc.stdout.split("\n=== results ===\n")[-1])
     return [Result(*r) for r in results]
+
+
+def dry_run_flag_files(paths: Sequence[Path]) -> dict[str, Result]:
+    """`--dry_run` of each flag file, keyed by its path. A file that sets --cpu_devices gets a child
+    of its own: the device count is fixed when JAX starts, which an earlier run in a shared child
+    has already done."""
+    own = [p for p in paths if "--cpu_devices=" in Path(p).read_text()]
+    shared = [p for p in paths if p not in own]
+    out = dict(zip(map(str, shared), run_many([[f"--flagfile={p}", "--dry_run"] for p in shared])))
+    for p in own:
+        [out[str(p)]] = run_many([[f"--flagfile={p}", "--dry_run"]])
+    return out

@@ -16,7 +16,7 @@ from ssmgate.programs import p1_kv_report as report
 from ssmgate.programs.config_error import ConfigError
 from ssmgate.tasks import kv_retrieval as kv
 from ssmgate.train import loop, mesh, optim
-from tests.main_runs import run_many
+from tests.main_runs import dry_run_flag_files, run_many
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = {"replicas", "offsets", "seeds", "escape_step", "escape_step_by_offset", "plateau_accuracy", "escape_fit",
@@ -177,9 +177,9 @@ def test_every_flag_file_dry_runs():
     files = sorted((REPO / "experiments" / "p1").rglob("kv_*.flags"))
     assert len(files) == 9  # (best_first, best_last, transformer) x (paper, cpu, quick)
     parts = {}
-    for path, res in zip(files, run_many([[f"--flagfile={path}", "--dry_run"] for path in files])):
+    for path, res in dry_run_flag_files(files).items():
         assert res.returncode == 0, (path, res.stderr[-3000:])
-        parts[str(path)] = res.stdout
+        parts[path] = res.stdout
     paper = parts[str(REPO / "experiments/p1/kv_best_first.flags")]
     assert "replicas (50, one vmapped sweep): offsets -10, -4, -3, -2, -1.5, -1, -0.5, 0, 0.5, 1" in paper
     assert "10154 tokens" in paper and "total           90,423,744" in paper
