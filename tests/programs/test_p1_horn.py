@@ -20,7 +20,7 @@ from ssmgate.programs.p1_kv import t_interval
 from ssmgate.tasks import horn
 from ssmgate.tasks import horn_ranking as hr
 from ssmgate.train import loop, mesh, optim, sweep
-from tests.main_runs import run_many
+from tests.main_runs import dry_run_flag_files
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = {"program", "regime", "horn", "replicas", "replica_offset", "replica_seed", "offsets", "seeds", "steps",
@@ -242,9 +242,9 @@ def test_every_flag_file_dry_runs():
         assert text.startswith("# P1 Figure 3") and "ESTIMATE" not in text and "--program=p1_horn" in text, f
         assert "--opt_name=muon" in text and "--lr=1e-3" in text and "--opt_final_lr_frac=0.0" in text, f
     parts = {}
-    for path, res in zip(files, run_many([[f"--flagfile={path}", "--dry_run"] for path in files])):
+    for path, res in dry_run_flag_files(files).items():
         assert res.returncode == 0, (path, res.stderr[-3000:])
-        parts[str(path)] = res.stdout
+        parts[path] = res.stdout
     paper = parts[str(REPO / "experiments/p1/horn_retrieval.flags")]
     assert "replicas (21, one vmapped sweep): offsets -7.3, -3, -0.2, 1.6, 2.3, 2.9, 4.3 x seeds 0..2" in paper
     assert "K = 128 clauses per layer" in paper and "total_steps=300000" in paper and "warmup_steps=30000" in paper
@@ -254,7 +254,8 @@ def test_every_flag_file_dry_runs():
     assert "total           50,652,160" in parts[str(REPO / "experiments/p1/horn_transformer.flags")]
     cpu = parts[str(REPO / "experiments/p1/cpu/horn_retrieval.flags")]
     assert "offsets -6, 3" in cpu and "props_per_set=16, K=16" in cpu and "k_max=8" in cpu and "d_model=64" in cpu
-    assert "total_steps=2000" in cpu and "name='muon', lr=0.001" in cpu and "n_layers=2" in cpu
+    assert "total_steps=3000" in cpu and "name='muon', lr=0.001" in cpu and "n_layers=4" in cpu
+    assert "'early' = first eval at or after step 1500" in cpu and "mesh {'replica': 2" in cpu
     cpu_lengen = parts[str(REPO / "experiments/p1/cpu/horn_lengen.flags")]
     assert "length generalisation k = 64: 1299 tokens" in cpu_lengen and "offsets -6, -2, 0 x seeds 0..1" in cpu_lengen
     assert "offsets 0 x seeds" in parts[str(REPO / "experiments/p1/quick/horn_transformer.flags")]
@@ -344,7 +345,7 @@ def test_registered_in_make_reproduce():
             changes = reproduce.changes_from_paper("p1", run, scale)
             k = 64 if scale == "cpu" and run != "horn_retrieval" else 16  # cpu lengen pools reach 64
             assert f"horn_K: 128 -> {k}" in changes and "batch: 128 -> 32" in changes, (scale, run)
-    assert "steps: 300000 -> 2000" in reproduce.changes_from_paper("p1", "horn_retrieval", "cpu")
+    assert "steps: 300000 -> 3000" in reproduce.changes_from_paper("p1", "horn_retrieval", "cpu")
 
 
 def test_report_with_only_the_retrieval_run(tmp_path):
