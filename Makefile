@@ -52,7 +52,8 @@ reproduce: venv
 # best-last 12.1, Transformer 18.1), ONLY=p1_horn 41.9 minutes alone on 2026-12-03 (retrieval 23.4,
 # lengen 14.0, Transformer 4.4);
 # ONLY=p2_state_tracking 53 minutes alone on 2026-12-02 (parity 20.9, mod 3 24.4, arithmetic 7.8). Runs resume from their checkpoints in
-# runs/reproduce-cpu: remove runs/reproduce-cpu/<experiment> first for a full rerun and a true wall time.
+# runs/reproduce-cpu (a complete run keeps its earlier wall time, one resumed partway reports none): remove
+# runs/reproduce-cpu/<experiment> first for a full rerun and a true wall time.
 reproduce-docs: venv
 	$(PY) -m ssmgate.reproduce --scale=cpu --only=$(ONLY) --out_dir=runs/reproduce-cpu --docs_dir=docs/reproduction
 

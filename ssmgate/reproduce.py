@@ -8,6 +8,8 @@ per invocation. Afterwards OUT/summary.json gathers every run's summary.json
 under its experiment's name, with the experiment's acceptance checks, and OUT/report.md shows each
 figure beside a "paper / theory / ours" table and lists what the scale changed from the paper's flag
 files. `--docs_dir DIR` also writes the report and its figures to DIR (docs/reproduction/).
+A run folder that already holds checkpoints resumes from them; its wall time is then the earlier
+invocation's if the run was complete, and unknown if it resumed partway (`run_wall`).
 
 Experiments not selected by `--only` keep what an earlier invocation wrote: their summary entry
 and their report section (between `<!-- experiment:NAME -->` markers) are carried over from the
@@ -90,6 +92,22 @@ def run_one(paper: str, run: str, scale: str, run_dir: Path, env: dict | None = 
     return result.returncode == 0, time.perf_counter() - start
 
 
+def run_wall(run_dir: Path, wall: float, earlier: float | None) -> float | None:
+    """The wall time to report for a run whose process took `wall` seconds now. A run that continued
+    from a checkpoint (its summary's "resumed_from") did not pay for the steps before it: resumed at
+    its last step, nothing trained and the earlier invocation's time (`earlier`) stands; resumed
+    partway, its cost is unknown (None), so the reports' time budgets do not judge it."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    start = summary.get("resumed_from")
+    if start is None:
+        return wall
+    kept = earlier if start == summary.get("steps") else None
+    print(f"[reproduce] {run_dir.name} resumed from step {start} of {summary.get('steps')}: wall time "
+          + ("unknown (remove the run folder for a full rerun)" if kept is None else f"{kept:.0f}s kept from the run "
+             "that trained it"), flush=True)
+    return kept
+
+
 def compile_cache_env(cache_dir: str) -> dict:
     """The runs' environment with one JAX compilation cache shared by this invocation's runs: rows
     that compile the same programs (P2's parity and mod 3 rows share every shape) compile them
@@ -125,6 +143,8 @@ def main(argv):
                 print(f"[reproduce] {name} {i + 1}/{len(runs)} ({FLAGS.scale} scale), "
                       f"{time.perf_counter() - t0:.0f}s elapsed", flush=True)
                 ok, wall = run_one(paper, run, FLAGS.scale, run_dir, env)
+                if ok:
+                    wall = run_wall(run_dir, wall, previous.get(name, {}).get("wall_s", {}).get(run))
             walls[run], ok_runs[run] = wall, ok
             if not ok:
                 failed.append(f"{name}/{run}")

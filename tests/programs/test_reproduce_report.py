@@ -1,5 +1,6 @@
 """reproduce.write_report: a partial invocation (--only) keeps the other experiments' sections and
-summary entries from the earlier report at the same scale, in the registry's order."""
+summary entries from the earlier report at the same scale, in the registry's order; run_wall does
+not report a resumed run's process time as its cost."""
 import json
 import os
 
@@ -40,3 +41,24 @@ def test_runs_share_one_compilation_cache_unless_the_user_set_one(monkeypatch):
     assert env["JAX_COMPILATION_CACHE_DIR"] == "/tmp/shared" and env["PATH"] == os.environ["PATH"]
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/mine")
     assert reproduce.compile_cache_env("/tmp/shared")["JAX_COMPILATION_CACHE_DIR"] == "/mine"
+
+
+def _summary(run_dir, **kw):
+    run_dir.mkdir(exist_ok=True)
+    (run_dir / "summary.json").write_text(json.dumps(kw))
+    return run_dir
+
+
+def test_wall_time_of_a_resumed_run_is_not_its_cost(tmp_path, capsys):
+    fresh = _summary(tmp_path / "fresh", steps=100, resumed_from=None)
+    assert reproduce.run_wall(fresh, 42.0, earlier=900.0) == 42.0
+    untracked = _summary(tmp_path / "untracked", steps=100)   # a program that does not record resumes
+    assert reproduce.run_wall(untracked, 42.0, earlier=900.0) == 42.0
+    done = _summary(tmp_path / "done", steps=100, resumed_from=100)   # complete already: nothing trained now
+    assert reproduce.run_wall(done, 5.0, earlier=900.0) == 900.0
+    assert reproduce.run_wall(done, 5.0, earlier=None) is None
+    partway = _summary(tmp_path / "partway", steps=100, resumed_from=40)
+    assert reproduce.run_wall(partway, 300.0, earlier=900.0) is None
+    out = capsys.readouterr().out
+    assert "done resumed from step 100 of 100: wall time 900s kept" in out
+    assert "partway resumed from step 40 of 100: wall time unknown" in out
