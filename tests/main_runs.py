@@ -57,10 +57,10 @@ def run_many(arg_lists: Sequence[Sequence[str]], env: dict | None = None, cwd: P
 
 
 def dry_run_flag_files(paths: Sequence[Path]) -> dict[str, Result]:
-    """`--dry_run` of each flag file, keyed by its path. A file that sets --cpu_devices gets a child
-    of its own: the device count is fixed when JAX starts, which an earlier run in a shared child
-    has already done."""
-    own = [p for p in paths if "--cpu_devices=" in Path(p).read_text()]
+    """`--dry_run` of each flag file (absolute or relative to the repository), keyed by str(path). A
+    file that sets --cpu_devices gets a child of its own: the device count is fixed when JAX starts,
+    which an earlier run in a shared child has already done."""
+    own = [p for p in paths if "--cpu_devices=" in (REPO / p).read_text()]
     shared = [p for p in paths if p not in own]
     out = dict(zip(map(str, shared), run_many([[f"--flagfile={p}", "--dry_run"] for p in shared])))
     for p in own:

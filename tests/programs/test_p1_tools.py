@@ -16,7 +16,7 @@ from ssmgate.programs.config_error import ConfigError
 from ssmgate.train import loop, mesh as meshlib, optim, sweep
 from ssmgate.train.checkpoint import Checkpointer
 from ssmgate.train.state import TrainState
-from tests.main_runs import run_many
+from tests.main_runs import dry_run_flag_files
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ModelCfg(block="mamba2", vocab_size=258, d_model=16, n_layers=1, d_state=8, headdim=8, expand=2)
@@ -123,6 +123,6 @@ def test_the_report_section(finished, tmp_path):
 
 def test_flag_files_dry_run():
     paths = ("experiments/p1/tools_sft.flags", "experiments/p1/cpu/tools_sft.flags")
-    for path, res in zip(paths, run_many([[f"--flagfile={path}", "--dry_run"] for path in paths])):
+    for path, res in dry_run_flag_files(paths).items():
         assert res.returncode == 0, (path, res.stderr[-2000:])
         assert "gate scales: 0.06, 0.12, 0.25, 1, 4, 8, 16 (one vmapped sweep)" in res.stdout

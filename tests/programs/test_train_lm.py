@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.main_runs import run_many
+from tests.main_runs import dry_run_flag_files, run_many
 from tests.subprocess_env import with_cpu_devices
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,7 +67,8 @@ def test_a_bad_flag_fails_with_its_name(bad_flag_runs, case):
 def test_every_paper_model_file_dry_runs_with_the_papers_size():
     files = sorted((REPO / "experiments" / "models").glob("*.flags"))
     assert len(files) == 10
-    for path, res in zip(files, run_many([[f"--flagfile={path}", "--dry_run"] for path in files])):
+    for name, res in dry_run_flag_files(files).items():
+        path = Path(name)
         assert res.returncode == 0, (path, res.stderr[-2000:])
         out = res.stdout
         assert "parameters of p" in out and "total" in out and "mesh {" in out and "embed/embedding" in out
