@@ -237,6 +237,12 @@ def _reference_rows(runs: dict, entry: dict) -> list:
     return rows
 
 
+def steps_text(x) -> str:
+    """A step count (a median of escape steps, a fit's intercept) in whole steps: 10000, not 1e+04;
+    None as a dash."""
+    return "–" if x is None else f"{x:.0f}"
+
+
 def _escape_table(run: dict) -> str:
     esc = run["escape_step_by_offset"]
     rows = []
@@ -244,7 +250,7 @@ def _escape_table(run: dict) -> str:
         med = _median_escape(esc[o])
         tau = run.get("median_tau", {}).get(o, {}).get("init")
         rows.append([o, math.exp(float(o)), ", ".join("never" if s is None else str(s) for s in esc[o]),
-                     "never" if not math.isfinite(med) else cell(med),
+                     "never" if not math.isfinite(med) else steps_text(med),
                      None if not tau else float(np.median(tau))])
     return table(["δ", "e^δ", "escape step per seed", "median", "median τ at init (tokens)"], rows)
 
@@ -283,7 +289,7 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
                "### Fig 2b: escape step vs e^δ", "", "![Fig 2b](figures/p1_kv_fig2b.png)", "",
                _escape_table(first),
                f"Linear fit over the {fit['n']} escaped runs: slope {cell(fit['slope'])}, intercept "
-               f"{cell(fit['intercept'])}, R² {cell(fit['r2'])} (paper {PAPER['r2']}).", ""]
+               f"{steps_text(fit['intercept'])}, R² {cell(fit['r2'])} (paper {PAPER['r2']}).", ""]
     if plot_lengen(last, tr, figure_dir / "p1_kv_fig2c.png"):
         md += ["### Fig 2c: length generalisation (best-last, trained at N = "
                f"{last['kv']['n_max']})", "", "![Fig 2c](figures/p1_kv_fig2c.png)", "",

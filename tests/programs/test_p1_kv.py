@@ -255,6 +255,16 @@ def test_report_entry_checks_and_figures(tmp_path):
     assert "0.816" in text and "0.35" in text and "| Transformer |" in text and "kv_n_max: 512 -> 32" in text
 
 
+def test_report_writes_step_counts_in_whole_steps(tmp_path):
+    # A median of two escape steps (5600, 14400 -> 10000) and a fit intercept are step counts:
+    # '10000', never the 3-significant-digit '1e+04' of a generic float cell.
+    escape = {"-6": [5600, 14400], "-2": [8000, None], "0": [None, None], "2": [None, None]}
+    _, text = report.build(runs(escape=escape), "cpu", {}, {}, tmp_path / "figures", tmp_path)
+    assert "| 5600, 14400 | 10000 |" in text and "| 8000, never | never |" in text
+    intercept = p1_kv.linear_fit([math.exp(-6), math.exp(-6), math.exp(-2)], [5600, 14400, 8000])["intercept"]
+    assert f"intercept {intercept:.0f}, R²" in text
+
+
 @pytest.mark.parametrize("kw, failing", [
     (dict(plateau=0.45), ["plateau_within_0.06_of_memoriser"]),
     (dict(escape={"-6": [300, 400, 500], "-2": [100, 200, 250], "0": [None] * 3, "2": [None] * 3}),
