@@ -48,7 +48,7 @@ reproduce: venv
 	$(PY) -m ssmgate.reproduce --scale=$(SCALE) --only=$(ONLY) --out_dir=runs/reproduce
 
 # Regenerates experiments of the committed cpu-scale report in docs/reproduction/ (on purpose; the others' sections
-# are kept). ONLY=p1_fig1 takes about 15 minutes, ONLY=p1_kv 62.5 minutes alone on 2026-12-03 (best-first 32.2,
+# are kept). ONLY=p1_fig1 takes about 15 minutes, ONLY=p1_kv 54.2 minutes alone on 2026-12-03 (best-first 24.0,
 # best-last 12.1, Transformer 18.1), ONLY=p1_horn 41.9 minutes alone on 2026-12-03 (retrieval 23.4,
 # lengen 14.0, Transformer 4.4);
 # ONLY=p2_state_tracking 53 minutes alone on 2026-12-02 (parity 20.9, mod 3 24.4, arithmetic 7.8). Runs resume from their checkpoints in

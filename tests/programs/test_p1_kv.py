@@ -187,7 +187,7 @@ def test_every_flag_file_dry_runs():
     assert "length generalisation n = 2048: 40556 tokens" in last
     assert "total           85,111,296" in parts[str(REPO / "experiments/p1/kv_transformer.flags")]
     first = parts[str(REPO / "experiments/p1/cpu/kv_best_first.flags")]
-    assert "offsets -6, -2, 0, 2 x seeds 0..1" in first and "n_max=8, eps=0.3" in first and "total_steps=16000" in first
+    assert "offsets -6, -2, 0, 2 x seeds 0..1" in first and "n_max=6, eps=0.3" in first and "total_steps=16000" in first
     assert "memoriser accuracy (1 - eps)^m = 0.2401" in first
     assert "mesh {'replica': 2, 'data': 1, 'model': 1}" in first  # --cpu_devices=2 gave the process two devices
     cpu = parts[str(REPO / "experiments/p1/cpu/kv_best_last.flags")]
