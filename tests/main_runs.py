@@ -10,6 +10,7 @@ are killed or need their own devices keep their own processes.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,12 +58,14 @@ def run_many(arg_lists: Sequence[Sequence[str]], env: dict | None = None, cwd: P
 
 
 def dry_run_flag_files(paths: Sequence[Path]) -> dict[str, Result]:
-    """`--dry_run` of each flag file (absolute or relative to the repository), keyed by str(path). A
-    file that sets --cpu_devices gets a child of its own: the device count is fixed when JAX starts,
-    which an earlier run in a shared child has already done."""
-    own = [p for p in paths if "--cpu_devices=" in (REPO / p).read_text()]
-    shared = [p for p in paths if p not in own]
-    out = dict(zip(map(str, shared), run_many([[f"--flagfile={p}", "--dry_run"] for p in shared])))
-    for p in own:
-        [out[str(p)]] = run_many([[f"--flagfile={p}", "--dry_run"]])
+    """`--dry_run` of each flag file (absolute or relative to the repository), keyed by str(path). The
+    files share children by the --cpu_devices they set (none is a group too): the device count is
+    fixed when JAX starts, so a child serves one count."""
+    groups: dict[str | None, list] = {}
+    for p in paths:
+        count = re.search(r"^--cpu_devices=(\d+)", (REPO / p).read_text(), re.MULTILINE)
+        groups.setdefault(count and count.group(1), []).append(p)
+    out = {}
+    for group in groups.values():
+        out.update(zip(map(str, group), run_many([[f"--flagfile={p}", "--dry_run"] for p in group])))
     return out
