@@ -10,6 +10,9 @@ On a multi-host pod pass `--distributed`: `jax.distributed.initialize()` joins t
 (coordinator, process count and id from the cluster environment on TPU VMs and SLURM, or from
 `--coordinator_address/--num_processes/--process_id`).
 
+SIGTERM (a scheduler's preemption notice) or SIGINT saves a checkpoint after the current step and
+exits with status 75 (`ssmgate.train.preemption.EXIT_PREEMPTED`); the same command resumes.
+
 On a CPU, `--cpu_devices=N` splits the machine into N XLA devices before JAX starts, so that a
 mesh axis over them runs side by side on the cores: a sweep with `--mesh_replica=N` trains its
 replicas N groups at a time (P1's cpu KV sweep, 8 replicas on 2 cores: 1.2-1.3x the steps per
@@ -88,10 +91,14 @@ def main(argv):
     from ssmgate.train.run_dir import RunDir
     if jax.process_index() == 0:
         RunDir(FLAGS.run_dir).write_text("flags.txt", resolved_flags())
+    from ssmgate.train.preemption import EXIT_PREEMPTED, Preempted
     try:
         program.run(cfg, FLAGS.run_dir)
     except ConfigError as e:  # flags that only the running job can check (e.g. the mesh against its devices)
         raise app.UsageError(str(e)) from None
+    except Preempted as e:  # SIGTERM/SIGINT: saved; a scheduler (launch/) requeues on this status
+        print(f"[ssmgate] {e} (exit status {EXIT_PREEMPTED})", flush=True)
+        sys.exit(EXIT_PREEMPTED)
     print(f"[ssmgate] done: {FLAGS.run_dir}/summary.json", flush=True)
 
 

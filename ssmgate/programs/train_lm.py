@@ -26,6 +26,7 @@ from ssmgate.programs.config_error import ConfigError
 from ssmgate.tasks import synthetic_lm
 from ssmgate.train import loop, mesh as meshlib, optim, sweep
 from ssmgate.train.run_dir import RunDir, say
+from ssmgate.train.throughput import Throughput
 from ssmgate.train.writers import plot_curves
 
 EVAL_SEED_OFFSET = 1_000_003  # the evaluation set's seed: seed + this, never a training step's key
@@ -104,7 +105,7 @@ def run(cfg: TrainLMCfg, run_dir: str) -> dict:
                       done_fn=sweep.all_stopped)
     result = loop.run(rd, cfg.loop, init_state=built.init_state, abstract_state=built.abstract,
                       step_fn=built.step, batch_fn=built.batch_fn, eval_fn=built.eval_fn, meta=meta,
-                      fingerprint=cfg.fingerprint(), **kwargs)
+                      fingerprint=cfg.fingerprint(), throughput=throughput(cfg), **kwargs)
     summary = _summary(cfg, result, labels)
     if jax.process_index() == 0:
         rd.write_json("summary.json", summary)
@@ -114,9 +115,13 @@ def run(cfg: TrainLMCfg, run_dir: str) -> dict:
     return summary
 
 
+def throughput(cfg: TrainLMCfg) -> Throughput:
+    return Throughput.for_lm(presets.param_count(cfg.model), cfg.task.batch, cfg.task.seq_len, len(cfg.replicas))
+
+
 def _summary(cfg: TrainLMCfg, result: loop.LoopResult, labels) -> dict:
     steps_run = result.step - (result.resumed_from or 0)
-    tokens = steps_run * cfg.task.batch * cfg.task.seq_len * len(cfg.replicas)
+    tokens = steps_run * throughput(cfg).tokens_per_step
     summary = {"replicas": labels, "final": {k.removeprefix("eval_"): v for k, v in result.last_eval.items()},
                "steps": result.step, "params": presets.param_count(cfg.model), "wall_s": result.wall_s,
                "tokens_per_s": tokens / max(result.wall_s, 1e-9), "resumed_from": result.resumed_from,

@@ -25,6 +25,11 @@ flags.DEFINE_integer("eval_every", 0, "Steps between evaluations (0: only at the
 flags.DEFINE_integer("ckpt_every", 0, "Steps between checkpoints (0: only at the end).")
 flags.DEFINE_integer("keep_ckpts", 3, "Checkpoints kept.")
 flags.DEFINE_boolean("tensorboard", True, "Write TensorBoard event files when tensorboardX is installed.")
+flags.DEFINE_boolean("ckpt_async", False, "Save checkpoints in the background (training goes on while they are "
+                     "written; a kill loses at most the one being written).")
+flags.DEFINE_string("profile_steps", "", "FIRST:LAST: write a jax.profiler trace of these steps (1-based) into "
+                    "RUN_DIR/profile (open it with TensorBoard's profile plugin or Perfetto).")
+flags.DEFINE_string("wandb_project", "", "Also log metrics to this Weights & Biases project (needs `pip install wandb`).")
 flags.DEFINE_string("sweep_lrs", "", "Sweep: peak learning rates (grid, e.g. 'logspace:-4:-2:8'); empty = --lr.")
 
 FLAGS = flags.FLAGS
@@ -56,11 +61,24 @@ def mesh_cfg() -> meshlib.MeshCfg:
     return dataclass_flags.build(meshlib.MeshCfg, meshlib.MeshCfg(), prefix="mesh_")
 
 
+def profile_steps() -> tuple[int, int] | None:
+    text = FLAGS.profile_steps.strip()
+    if not text:
+        return None
+    parts = text.split(":")
+    try:
+        first, last = (int(p) for p in parts)
+    except ValueError:
+        raise ConfigError(f"--profile_steps={text}: expected FIRST:LAST, two step numbers such as 10:20") from None
+    return first, last
+
+
 def loop_cfg(steps: int, name: str = "train") -> loop.LoopCfg:
     try:
         return loop.LoopCfg(steps=steps, log_every=FLAGS.log_every, eval_every=FLAGS.eval_every,
                             ckpt_every=FLAGS.ckpt_every, keep_ckpts=FLAGS.keep_ckpts, tensorboard=FLAGS.tensorboard,
-                            name=name).validate()
+                            name=name, ckpt_async=FLAGS.ckpt_async, profile_steps=profile_steps(),
+                            wandb_project=FLAGS.wandb_project).validate()
     except ValueError as e:
         raise ConfigError(f"--{e}") from None
 

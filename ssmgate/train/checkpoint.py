@@ -3,10 +3,13 @@
 Each step directory `<directory>/<step>/` holds two orbax items: `state` (any pytree of JAX
 arrays, `StandardSave`) and `meta` (JSON: config fingerprint, flags, replica info).
 
-- Saves are synchronous, so once `save()` returns the checkpoint is complete on disk and a
-  SIGKILL cannot leave it half written. Orbax writes into `<step>.orbax-checkpoint-tmp*` and
-  renames it when done; a tmp directory left by a kill is never listed, and is removed the next
-  time a `Checkpointer` opens the directory.
+- The directory is an `etils.epath` path: a local folder or a bucket (`gs://...`) alike.
+- Saves are synchronous by default: once `save()` returns the checkpoint is complete on disk. With
+  `async_save=True`, `save()` returns once the state is copied to host memory and orbax writes it
+  in the background (training goes on meanwhile); the next save, `save(..., wait=True)` and
+  `close()` wait for it. Either way a SIGKILL cannot leave a checkpoint half written: orbax writes
+  into `<step>.orbax-checkpoint-tmp*` and renames it when done; a tmp directory left by a kill is
+  never listed, and is removed the next time a `Checkpointer` opens the directory.
 - `restore` takes an abstract target (ShapeDtypeStructs carrying the shardings of the *current*
   mesh), so a checkpoint written on one device count restores onto another.
 - A checkpoint that cannot be read is skipped with a warning and the previous one is used; the
@@ -19,12 +22,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-from pathlib import Path
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 from ssmgate.train.run_dir import to_jsonable
 from ssmgate.tree_paths import path_str
@@ -97,17 +99,19 @@ def _short(e: BaseException) -> str:
 class Checkpointer:
     """Keeps the last `keep` checkpoints of a run in `directory` (= `<run_dir>/checkpoints`)."""
 
-    def __init__(self, directory, *, keep: int = 3, save_every: int | None = None):
+    def __init__(self, directory, *, keep: int = 3, save_every: int | None = None, async_save: bool = False):
         if keep < 1:
             raise ValueError(f"keep must be >= 1 (checkpoints to retain), got {keep}")
         if save_every is not None and save_every < 1:
             raise ValueError(f"save_every must be None (only forced saves) or >= 1, got {save_every}")
-        self.directory = Path(directory).absolute()
+        self.directory = epath.Path(directory)
+        if not self.directory.is_absolute():  # a relative local path; buckets are absolute
+            self.directory = epath.Path(self.directory.resolve())
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.keep, self.save_every = keep, save_every
+        self.keep, self.save_every, self.async_save = keep, save_every, async_save
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
-            enable_async_checkpointing=False,  # complete on disk when save() returns
+            enable_async_checkpointing=async_save,
             cleanup_tmp_directories=True,  # drop tmp dirs of saves interrupted by a kill
             create=True,
         )
@@ -117,8 +121,9 @@ class Checkpointer:
     def should_save(self, step: int) -> bool:
         return self.save_every is not None and step > 0 and step % self.save_every == 0
 
-    def save(self, step: int, state, *, meta: dict, force: bool = False) -> None:
-        """Writes `state` and `meta` at `step` if `force` or `should_save(step)`; waits until done.
+    def save(self, step: int, state, *, meta: dict, force: bool = False, wait: bool = False) -> None:
+        """Writes `state` and `meta` at `step` if `force` or `should_save(step)`; returns when it is
+        on disk, or with `async_save` once it is in host memory unless `wait`.
 
         A step that already has a checkpoint is left alone: under the training contract the
         state at a step does not depend on how the run got there.
@@ -132,7 +137,8 @@ class Checkpointer:
         meta = _jsonable(meta, f"meta for checkpoint step {step}")
         self._manager.save(step, force=True, args=ocp.args.Composite(
             **{STATE: ocp.args.StandardSave(state), META: ocp.args.JsonSave(meta)}))
-        self._manager.wait_until_finished()  # a no-op when synchronous; kept as the guarantee
+        if wait or not self.async_save:
+            self._manager.wait_until_finished()
 
     def steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
@@ -193,7 +199,7 @@ class Checkpointer:
         return step, out[STATE], out[META]
 
     def close(self) -> None:
-        self._manager.close()
+        self._manager.close()  # waits for a background save
 
     def __enter__(self):
         return self
@@ -267,7 +273,7 @@ class Checkpointer:
             while dst.exists():
                 i += 1
                 dst = self.directory / f"{s}{UNREADABLE_SUFFIX}-{i}"
-            os.rename(src, dst)
+            src.rename(dst)
             log.warning("moved unreadable checkpoint step %d to %s", s, dst)
         if errors:
             self._manager.reload()

@@ -5,14 +5,21 @@ One loop serves a single run and a vmapped sweep; what differs comes in as funct
   batch_fn(k) -> batch                        the batch of step k, a function of (seed, k) only
   eval_fn(state) -> dict                      optional, every `eval_every` steps and at the end
   after_eval(state, k, evals) -> state        optional (a sweep's early stopping / escape steps)
-  done_fn(state) -> bool                      optional: stop before `steps` (every replica stopped)
+  done_fn(state) -> bool                      optional: stop before `steps` (every replica stopped);
+                                              asked after evaluations and at progress lines
 
 Resume is automatic: when <run_dir>/checkpoints holds a checkpoint the loop restores the latest
 readable one onto `abstract_state` (the current mesh's shardings), drops the metrics lines written
 after it and continues; because batches depend only on (seed, k), the resumed run ends with the
-parameters of an uninterrupted one. A non-finite loss or gradient in a single run saves the last
-good state and raises `TrainingDiverged` naming the step and the quantity; in a sweep the step
-freezes the replica instead and the loop reports it.
+parameters of an uninterrupted one. Without a checkpoint it starts at step 0 and drops any metrics
+lines of an earlier attempt, so metrics.jsonl always tells the story of the checkpoints.
+
+The host never waits for the step it has just dispatched: the metrics of step k are read after
+step k + 1 is queued, so an accelerator always has work. A non-finite loss or gradient in a single
+run halts the state at its last good value (train.step), and the loop, one step later, saves that
+state and raises `TrainingDiverged` naming the step and the quantity (also recorded in
+metrics.jsonl); in a sweep the step freezes the replica instead and the loop reports it.
+SIGTERM and SIGINT (train.preemption) finish the current step, save and raise `Preempted`.
 """
 from __future__ import annotations
 
@@ -24,7 +31,10 @@ import jax
 import numpy as np
 
 from ssmgate.train.checkpoint import CheckpointError, Checkpointer  # noqa: F401  (CheckpointError re-exported)
+from ssmgate.train.preemption import Preempted, StopRequests
 from ssmgate.train.run_dir import RunDir, say, to_jsonable
+from ssmgate.train.step import unhalt
+from ssmgate.train.throughput import Throughput, format_rate, peak_flops
 from ssmgate.train.writers import MetricWriters
 
 NONFINITE_WHAT = {1: "the loss", 2: "a gradient"}
@@ -43,6 +53,9 @@ class LoopCfg:
     keep_ckpts: int = 3
     tensorboard: bool = True
     name: str = "train"
+    ckpt_async: bool = False   # saves return once the state is copied to the host (checkpoint.py)
+    profile_steps: Optional[tuple[int, int]] = None  # (first, last): a jax.profiler trace of those steps
+    wandb_project: str = ""    # W&B project to log to ("" = none; needs the wandb package)
 
     def validate(self) -> "LoopCfg":
         for field in ("steps", "log_every"):
@@ -53,6 +66,11 @@ class LoopCfg:
                 raise ValueError(f"{field}={getattr(self, field)}: expected an integer >= 0 (0 = only at the end)")
         if self.keep_ckpts < 1:
             raise ValueError(f"keep_ckpts={self.keep_ckpts}: expected >= 1")
+        if self.profile_steps is not None:
+            first, last = self.profile_steps
+            if not 1 <= first <= last <= self.steps:
+                raise ValueError(f"profile_steps={first}:{last}: expected FIRST:LAST with 1 <= FIRST <= LAST <= "
+                                 f"steps={self.steps}")
         return self
 
 
@@ -88,75 +106,147 @@ def _check_nonfinite(metrics: dict, k: int) -> Optional[str]:
     return None
 
 
+def _progress_rates(steps_per_s: float, throughput: Optional[Throughput], peak: Optional[float]) -> tuple[dict, str]:
+    """The throughput metrics of a progress line and their text."""
+    rates, text = {"steps_per_s": steps_per_s}, f"{steps_per_s:.2f} steps/s"
+    if throughput is not None:
+        rates["tokens_per_s"] = tokens_per_s = steps_per_s * throughput.tokens_per_step
+        text += f", {format_rate(tokens_per_s)} tokens/s"
+        if peak and throughput.model_flops_per_step:
+            rates["mfu"] = mfu = steps_per_s * throughput.model_flops_per_step / peak
+            text += f", MFU {100 * mfu:.1f}%"
+    return rates, text
+
+
+class _Profile:
+    """A jax.profiler trace of steps first..last (1-based) into <run_dir>/profile."""
+
+    def __init__(self, run_dir: RunDir, steps: Optional[tuple[int, int]]):
+        self.dir, self.steps, self.on = run_dir.file("profile"), steps, False
+
+    def before_step(self, k: int) -> None:
+        if self.steps is not None and k + 1 == self.steps[0]:
+            jax.profiler.start_trace(str(self.dir))
+            self.on = True
+
+    def after_step(self, k: int, state) -> None:
+        if self.on and k == self.steps[1]:
+            self.stop(state)
+
+    def stop(self, state=None) -> None:
+        if self.on:
+            jax.block_until_ready(state)
+            jax.profiler.stop_trace()
+            self.on = False
+            say(f"[profile] trace of steps {self.steps[0]}..{self.steps[1]} in {self.dir}")
+
+
 def run(run_dir: RunDir, cfg: LoopCfg, *, init_state: Callable[[], Any], abstract_state, step_fn, batch_fn,
-        eval_fn=None, after_eval=None, done_fn=None, meta: dict, fingerprint: str) -> LoopResult:
+        eval_fn=None, after_eval=None, done_fn=None, meta: dict, fingerprint: str,
+        throughput: Optional[Throughput] = None) -> LoopResult:
+    """`throughput` (tokens and model FLOPs of one step) adds tokens/s and MFU to the progress lines."""
     cfg.validate()
     t0 = time.perf_counter()
-    ckpt = Checkpointer(run_dir.file("checkpoints"), keep=cfg.keep_ckpts, save_every=cfg.ckpt_every or None)
+    ckpt = Checkpointer(run_dir.file("checkpoints"), keep=cfg.keep_ckpts, save_every=cfg.ckpt_every or None,
+                        async_save=cfg.ckpt_async)
     meta = dict(meta, fingerprint=fingerprint)
     resumed_from = None
+    main = jax.process_index() == 0
     if ckpt.latest_step() is not None:
         start, state, _ = ckpt.restore(abstract_state, expect_fingerprint=fingerprint)
         resumed_from = start
-        dropped = run_dir.truncate_metrics(start) if jax.process_index() == 0 else 0
+        dropped = run_dir.truncate_metrics(start) if main else 0
         say(f"[{cfg.name}] resumed from the checkpoint of step {start}"
-             + (f" (dropped {dropped} metrics lines written after it)" if dropped else ""))
+            + (f" (dropped {dropped} metrics lines written after it)" if dropped else ""))
     else:
         start, state = 0, init_state()
-    writers = MetricWriters(run_dir, tensorboard=cfg.tensorboard)
+        dropped = run_dir.truncate_metrics(0) if main else 0
+        if dropped:
+            say(f"[{cfg.name}] no checkpoint: starting at step 0 (dropped {dropped} metrics lines of an earlier attempt)")
+    peak = peak_flops()[0] if throughput is not None and throughput.model_flops_per_step else None
+    logged_eval_at_start = any(r.get("kind") == "eval" and r.get("step") == start for r in run_dir.read_metrics()) \
+        if main and start == cfg.steps else False
+    writers = MetricWriters(run_dir, tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project,
+                            config=meta.get("config"))
+    profile = _Profile(run_dir, cfg.profile_steps)
     window: list[dict] = []
     last_eval: dict = {}
     eval_step = None
     t_window, k_window = time.perf_counter(), start
     k = start
+    pending = None  # (k, metrics on device) of the step dispatched last, read one step later
 
-    def evaluate(state, k):
+    def evaluate(state, k, write=True):
         nonlocal last_eval, eval_step
         eval_step = k
         if eval_fn is None:
             return state
         evals = jax.device_get(eval_fn(state))
         last_eval = {f"eval_{name}": v for name, v in evals.items()}
-        writers.write(k, last_eval, kind="eval")
+        if write:
+            writers.write(k, last_eval, kind="eval")
         if after_eval is not None:
             state = after_eval(state, k, evals)
         return state
 
-    try:
-        while k < cfg.steps:
-            state_before = state
-            state, metrics = step_fn(state, batch_fn(k))
-            # One host sync per step: a non-finite step must stop the run before the next one is
-            # dispatched (the metrics are a few scalars, or K-vectors in a sweep).
-            metrics = jax.device_get(metrics)
-            message = _check_nonfinite(metrics, k)
-            if message is not None:
-                ckpt.save(k, state_before, meta=meta, force=True)
-                writers.write(k + 1, {"error": message}, kind="error")
-                raise TrainingDiverged(f"{message}; the last good state (step {k}) is saved in "
-                                       f"{run_dir.file('checkpoints')}/{k}")
-            window.append(metrics)
-            k += 1
-            if k % cfg.log_every == 0 or k == cfg.steps:
-                avg = _mean_records(window)
-                now = time.perf_counter()
-                steps_per_s = (k - k_window) / max(now - t_window, 1e-9)
-                writers.write(k, dict(avg, steps_per_s=steps_per_s), kind="train")
-                eta = (cfg.steps - k) / max(steps_per_s, 1e-9)
-                say(f"[{cfg.name}] step {k}/{cfg.steps} | {_short(avg)} | {steps_per_s:.2f} steps/s, ETA {eta:.0f}s")
-                window, t_window, k_window = [], now, k
-            if cfg.eval_every and k % cfg.eval_every == 0 and k < cfg.steps:
-                state = evaluate(state, k)
-            if ckpt.should_save(k) and k < cfg.steps:
-                ckpt.save(k, state, meta=meta)
-            if done_fn is not None and done_fn(state):
-                say(f"[{cfg.name}] every replica has stopped at step {k}")
-                break
-        if eval_step != k:
-            state = evaluate(state, k)
-        if ckpt.latest_step() != k:
-            ckpt.save(k, state, meta=meta, force=True)
-    finally:
-        writers.close()
-        ckpt.close()
+    def settle(state):
+        """Reads the pending step's metrics (waiting for it); stops the run if it was not finite."""
+        nonlocal pending
+        if pending is None:
+            return
+        k_bad, metrics = pending[0], jax.device_get(pending[1])
+        pending = None
+        message = _check_nonfinite(metrics, k_bad)
+        if message is not None:
+            good = unhalt(state)  # the halted state holds the values after step k_bad - 1 ...
+            ckpt.save(k_bad, good, meta=meta, force=True, wait=True)  # ... whatever was dispatched after
+            writers.write(k_bad + 1, {"error": message}, kind="error")
+            raise TrainingDiverged(f"{message}; the last good state (step {k_bad}) is saved in "
+                                   f"{run_dir.file('checkpoints')}/{k_bad}")
+        window.append(metrics)
+
+    with StopRequests() as stop:
+        try:
+            while k < cfg.steps:
+                profile.before_step(k)
+                state, metrics = step_fn(state, batch_fn(k))
+                settle(state)  # the previous step's metrics: by now the device is busy with step k
+                pending = (k, metrics)
+                k += 1
+                profile.after_step(k, state)
+                log_now = k % cfg.log_every == 0 or k == cfg.steps
+                eval_now = bool(cfg.eval_every) and k % cfg.eval_every == 0 and k < cfg.steps
+                save_now = ckpt.should_save(k) and k < cfg.steps
+                stop_now = stop.requested(k)  # every step: a multi-process run agrees on the step this way
+                if log_now or eval_now or save_now or stop_now:
+                    settle(state)
+                if log_now:
+                    avg = _mean_records(window)
+                    now = time.perf_counter()
+                    steps_per_s = (k - k_window) / max(now - t_window, 1e-9)
+                    rates, rate_text = _progress_rates(steps_per_s, throughput, peak)
+                    writers.write(k, dict(avg, **rates), kind="train")
+                    eta = (cfg.steps - k) / max(steps_per_s, 1e-9)
+                    say(f"[{cfg.name}] step {k}/{cfg.steps} | {_short(avg)} | {rate_text}, ETA {eta:.0f}s")
+                    window, t_window, k_window = [], now, k
+                if eval_now:
+                    state = evaluate(state, k)
+                if save_now or stop_now:
+                    ckpt.save(k, state, meta=meta, force=stop_now, wait=stop_now)
+                if stop_now:
+                    writers.write(k, {"stopped": stop.reason}, kind="stopped")
+                    raise Preempted(k, stop.reason, str(run_dir.file("checkpoints")))
+                if done_fn is not None and (log_now or eval_now) and done_fn(state):
+                    say(f"[{cfg.name}] every replica has stopped at step {k}")
+                    break
+            settle(state)
+            profile.stop(state)
+            if eval_step != k:
+                state = evaluate(state, k, write=not logged_eval_at_start)
+            if ckpt.latest_step() != k:
+                ckpt.save(k, state, meta=meta, force=True)
+        finally:
+            profile.stop()
+            writers.close()
+            ckpt.close()
     return LoopResult(state, k, resumed_from, to_jsonable(last_eval), time.perf_counter() - t0)

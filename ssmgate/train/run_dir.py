@@ -2,6 +2,10 @@
 
 Files are written atomically (temporary file, then rename) and metrics are appended and flushed
 line by line, so whatever was written survives a crash or a kill.
+
+The directory is an `etils.epath` path, so a run can write to a bucket (`gs://...`, with the
+`gcsfs` package) as to a local folder. Object stores cannot append: there metrics.jsonl is
+rewritten whole at each record (metrics files are small: one line per progress line).
 """
 from __future__ import annotations
 
@@ -11,16 +15,20 @@ import math
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Iterable, Sequence
 
 import jax
+from etils import epath
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def _atomic_write(path: epath.Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
-    os.replace(tmp, path)
+    tmp.replace(path)
+
+
+def is_local(path: epath.Path) -> bool:
+    return "://" not in str(path)
 
 
 def to_jsonable(obj):
@@ -44,36 +52,45 @@ def say(text: str) -> None:
 
 class RunDir:
     def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
+        self.path = epath.Path(path)
+        self.local = is_local(self.path)
         self.path.mkdir(parents=True, exist_ok=True)
+        self._metrics_text: str | None = None  # an object store's metrics.jsonl, rewritten at each record
 
-    def file(self, name: str) -> Path:
+    def file(self, name: str) -> epath.Path:
         return self.path / name
 
-    def write_text(self, name: str, text: str) -> Path:
+    def write_text(self, name: str, text: str) -> epath.Path:
         _atomic_write(self.file(name), text)
         return self.file(name)
 
-    def write_json(self, name: str, obj) -> Path:
+    def write_json(self, name: str, obj) -> epath.Path:
         return self.write_text(name, json.dumps(to_jsonable(obj), indent=2, sort_keys=True) + "\n")
 
-    def write_csv(self, name: str, header: Sequence[str], rows: Iterable[Sequence]) -> Path:
+    def write_csv(self, name: str, header: Sequence[str], rows: Iterable[Sequence]) -> epath.Path:
         tmp = self.file(name + ".tmp")
-        with open(tmp, "w", newline="") as f:
+        with tmp.open("w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(header)
             for row in rows:
                 writer.writerow(["" if v is None else v for v in to_jsonable(list(row))])
-        os.replace(tmp, self.file(name))
+        tmp.replace(self.file(name))
         return self.file(name)
 
     def log_metrics(self, record: dict) -> None:
         """Appends one JSON line to metrics.jsonl and flushes it to disk."""
+        line = json.dumps(to_jsonable(record), sort_keys=True) + "\n"
+        if not self.local:
+            if self._metrics_text is None:
+                path = self.file("metrics.jsonl")
+                self._metrics_text = path.read_text() if path.exists() else ""
+            self._metrics_text += line
+            _atomic_write(self.file("metrics.jsonl"), self._metrics_text)
+            return
         with open(self.file("metrics.jsonl"), "a") as f:
-            f.write(json.dumps(to_jsonable(record), sort_keys=True) + "\n")
+            f.write(line)
             f.flush()
             os.fsync(f.fileno())
-
 
     def read_metrics(self) -> list[dict]:
         path = self.file("metrics.jsonl")
@@ -92,8 +109,11 @@ class RunDir:
         from); returns how many were dropped."""
         records = self.read_metrics()
         keep = [r for r in records if r.get("step", 0) <= last_step]
+        if len(keep) == len(records):
+            return 0
         text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in keep)
         _atomic_write(self.file("metrics.jsonl"), text)
+        self._metrics_text = None
         return len(records) - len(keep)
 
 

@@ -1,7 +1,10 @@
 """The train and eval steps: pure functions of (state, batch), jitted once by the caller.
 
-A step whose loss or gradient is not finite returns its input state unchanged and says why in
-`metrics["nonfinite"]`, so the loop can stop on the last good state instead of training on NaN.
+A step whose loss or gradient is not finite keeps its input parameters and optimizer state, says
+why in `metrics["nonfinite"]` and marks the state halted (`state.step` becomes `-1 - step`); a
+halted state passes through later steps unchanged. The loop reads each step's flag one step late
+(so the host never waits for the step it has just dispatched), and by then the state it holds is
+still the last good one, whatever else was dispatched. `unhalt` gives it back its step count.
 """
 from __future__ import annotations
 
@@ -46,8 +49,9 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, comp
                             opt_state=opt_state)
         code = jnp.where(~jnp.isfinite(loss), LOSS_NONFINITE,
                          jnp.where(_all_finite(grads), FINITE, GRAD_NONFINITE)).astype(jnp.int32)
-        keep = code == FINITE
+        keep = (code == FINITE) & (state.step >= 0)
         new = jax.tree.map(lambda n, o: jnp.where(keep, n, o), new, state)
+        new = new.replace(step=jnp.where(keep | (state.step < 0), new.step, -1 - state.step))
         metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
                    "lr": current_learning_rate(opt_state), "nonfinite": code}
         if clash := sorted(set(aux) & set(metrics)):
@@ -55,6 +59,11 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, comp
         return new, {**metrics, **aux}
 
     return step
+
+
+def unhalt(state: TrainState) -> TrainState:
+    """A halted state with its step count restored (updates applied before the bad step)."""
+    return state.replace(step=jnp.where(state.step < 0, -1 - state.step, state.step))
 
 
 def make_eval_step(metric_fn: Callable, *, compute_dtype=jnp.float32):

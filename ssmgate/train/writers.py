@@ -1,11 +1,13 @@
 """Metric sinks of the loop: metrics.jsonl (always), TensorBoard event files (when tensorboardX is
-installed: `pip install -e '.[tensorboard]'`) and the curves plotted at the end of a run.
+installed: `pip install -e '.[tensorboard]'`), Weights & Biases (when a project is named with
+`--wandb_project` and the `wandb` package is installed) and the curves plotted at the end of a run.
 
 A metric value is a scalar or a per-replica vector (a sweep); TensorBoard gets one tag per
 replica (`loss/r3`), the JSON line keeps the vector.
 """
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 
 import jax
@@ -22,34 +24,58 @@ def _tensorboard_writer(logdir):
     return SummaryWriter(str(logdir))
 
 
+def _wandb_run(project: str, run_dir: RunDir, config):
+    """A W&B run named after the run directory; resumed (same id) when the run resumes."""
+    try:
+        import wandb
+    except ImportError:
+        raise ImportError(f"--wandb_project={project} needs the wandb package: pip install wandb") from None
+    name = run_dir.path.name
+    digest = hashlib.sha256(str(run_dir.path).encode()).hexdigest()[:8]  # stable across processes and restarts
+    run_id = "".join(c if c.isalnum() or c in "-_" else "-" for c in f"{name}-{digest}")
+    return wandb.init(project=project, name=name, id=run_id, resume="allow", dir=str(run_dir.path) if run_dir.local
+                      else None, config=config)
+
+
+def _scalars(metrics: dict, kind: str):
+    """(tag, value) for every numeric scalar; a per-replica vector gives one tag per replica."""
+    for name, value in metrics.items():
+        arr = np.asarray(value)
+        if arr.dtype.kind not in "fiub":
+            continue
+        if arr.ndim == 0:
+            yield f"{kind}/{name}", float(arr)
+        else:
+            for r, v in enumerate(arr.reshape(-1)):
+                yield f"{kind}/{name}/r{r}", float(v)
+
+
 class MetricWriters:
     """Writes on process 0 only (every process of a multi-host run holds the same global metrics)."""
 
-    def __init__(self, run_dir: RunDir, *, tensorboard: bool = True):
+    def __init__(self, run_dir: RunDir, *, tensorboard: bool = True, wandb_project: str = "", config=None):
         self.run_dir = run_dir
         self.active = jax.process_index() == 0
         self.tb = _tensorboard_writer(run_dir.file("tensorboard")) if tensorboard and self.active else None
+        self.wandb = _wandb_run(wandb_project, run_dir, config) if wandb_project and self.active else None
 
     def write(self, step: int, metrics: dict, *, kind: str) -> None:
         if not self.active:
             return
         self.run_dir.log_metrics({"step": int(step), "kind": kind, **metrics})
-        if self.tb is None:
-            return
-        for name, value in metrics.items():
-            arr = np.asarray(value)
-            if arr.dtype.kind not in "fiub":
-                continue
-            if arr.ndim == 0:
-                self.tb.add_scalar(f"{kind}/{name}", float(arr), step)
-            else:
-                for r, v in enumerate(arr.reshape(-1)):
-                    self.tb.add_scalar(f"{kind}/{name}/r{r}", float(v), step)
-        self.tb.flush()
+        scalars = dict(_scalars(metrics, kind)) if self.tb is not None or self.wandb is not None else {}
+        if self.tb is not None:
+            for tag, value in scalars.items():
+                self.tb.add_scalar(tag, value, step)
+            self.tb.flush()
+        if self.wandb is not None and scalars:
+            self.wandb.log(scalars, step=int(step))
 
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 
 def curves(records: list[dict], kind: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -109,6 +135,7 @@ def plot_curves(run_dir: RunDir, names=("loss", "accuracy", "seq_accuracy"), lab
     if labels is not None and len(labels) <= 16:
         axes[-1][0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(run_dir.file("curves.png"), dpi=110)
+    with run_dir.file("curves.png").open("wb") as f:  # a file object: works for bucket paths too
+        fig.savefig(f, format="png", dpi=110)
     plt.close(fig)
     return ["curves.png"]

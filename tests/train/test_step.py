@@ -9,7 +9,7 @@ import pytest
 from ssmgate.train import optim
 from ssmgate.train.optim import OptimCfg, make_optimizer
 from ssmgate.train.state import TrainState
-from ssmgate.train.step import make_eval_step, make_train_step
+from ssmgate.train.step import make_eval_step, make_train_step, unhalt
 
 CFG = OptimCfg(name="adamw", lr=1e-2, warmup_steps=2, total_steps=10, weight_decay=0.0)
 
@@ -69,14 +69,19 @@ def test_rng_is_folded_per_step():
 
 
 @pytest.mark.parametrize("bad_batch, code", [(batch(x_fill=jnp.nan), 1), (batch(eps=0.0), 2)])
-def test_nonfinite_returns_the_input_state_and_says_why(bad_batch, code):
+def test_nonfinite_keeps_the_input_state_halted_and_says_why(bad_batch, code):
     tx = make_optimizer(CFG)
     step = jax.jit(make_train_step(loss_fn, tx))
     state, _ = step(fresh_state(tx), batch())  # one good step, so moments and counts are non-zero
     new, metrics = step(state, bad_batch)
     assert int(metrics["nonfinite"]) == code
     assert np.isfinite(float(metrics["loss"])) == (code == 2)
-    assert_states_equal(new, state)
+    assert int(new.step) == -2  # halted after 1 update
+    assert_states_equal(unhalt(new), state)
+    # a halted state ignores later (good) steps, so a loop that reads the flag late still holds it
+    later, metrics = step(new, batch())
+    assert int(metrics["nonfinite"]) == 0
+    assert_states_equal(later, new)
 
 
 def test_bf16_compute_keeps_float32_params_and_optimizer_state():
