@@ -1,9 +1,9 @@
 """Official Mamba-3 checkpoints (mamba_ssm, PyTorch, safetensors) -> ssmgate `LanguageModel` params.
 
-SPEC 8 runs its interventions on the official Mamba-3 1.5B SISO and MIMO checkpoints, so their
-PyTorch weights must become the parameter pytree of `ssmgate.models.lm.LanguageModel` with a
-`ModelCfg(block="mamba3", ...)`. No torch here: a small safetensors reader (numpy + json) and a
-name/layout map.
+P2's interventions run on official Mamba-3 checkpoints, so their PyTorch weights must become the
+parameter pytree of `ssmgate.models.lm.LanguageModel`. No torch here: a small safetensors reader
+(numpy + json), upstream's config.json read into a ModelCfg (`config_from_upstream`) and a
+name/layout map. docs/interventions.md says which upstream revisions and options load.
 
 Official names (mamba_ssm/models/mixer_seq_simple.py + modules/mamba3.py, block.py, mlp.py) and
 where they go (i = layer; H heads, P headdim, N d_state, G groups, R MIMO rank, r rotated pairs,
@@ -32,14 +32,17 @@ permutation of the N axis, so a MIMO checkpoint is converted exactly by reorderi
 consistently in the B/C rows of in_proj, B_norm/C_norm and B_bias/C_bias (ssmgate channel 2n <-
 official n, 2n + 1 <- official n + N/2).
 
-Semantics the shapes cannot show, checked on the config: the official decay is A = -max(softplus,
-A_floor), so cfg.a_activation must be "softplus"; it always rotates (transition "native") with
-rope_fraction 0.5 or 1.0. Its B/C norm eps is fixed at 1e-5 (ssmgate uses cfg.norm_eps) and its
-A_floor defaults to 1e-4 (cfg.a_floor). Checkpoints with is_outproj_norm=True (a `mixer.norm.weight`)
-have no ssmgate counterpart and are refused.
+The model comes from upstream's config.json beside the weights (MambaConfig's fields; ssm_cfg
+holds Mamba3's keywords): every option either converts exactly, has no effect on the function
+(NO_EFFECT), or is refused with an error naming it. The decay is A = -max(act(dd_A), A_floor)
+with act = heavy tail since mamba_ssm HEAVY_TAIL_REVISION, softplus before; config.json does not
+record which, so it is an argument (default heavy, the only activation of every upstream revision
+whose LM class builds Mamba-3 layers), and `check_logits` / `reference=` catch a wrong one.
+is_outproj_norm=True converts to OfficialMamba3Cfg(outproj_norm=True) (`mixer.norm.weight`).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -51,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ssmgate.models import lm
-from ssmgate.models.config import ModelCfg
+from ssmgate.models.config import ModelCfg, OfficialMamba3Cfg
 
 Path = tuple[str, ...]                  # a params leaf, e.g. ("layers_0", "mixer", "D")
 PathLike = Union[str, "os.PathLike[str]"]
@@ -181,10 +184,128 @@ def load_safetensors(path: PathLike) -> dict[str, np.ndarray]:
 
 # ----------------------------------------------------------------------------- config
 
+CONFIG_NAME = "config.json"
+# The upstream revisions this converter is written against (github.com/state-spaces/mamba).
+HEAVY_TAIL_REVISION = "c69aaab (2026-06-02)"   # decay -heavy_tail(dd_A) replaces -softplus(dd_A)
+LM_REVISION = "b3cae1b (2026-06-10)"           # MambaLMHeadModel accepts ssm_cfg layer "Mamba3"
+
+# MambaConfig's fields and defaults (mamba_ssm/models/config_mamba.py): config.json is its __dict__.
+LM_DEFAULTS = {"d_model": 2560, "d_intermediate": 0, "n_layer": 64, "vocab_size": 50277, "ssm_cfg": {},
+               "attn_layer_idx": [], "attn_cfg": {}, "rms_norm": True, "residual_in_fp32": True,
+               "fused_add_norm": True, "pad_vocab_size_multiple": 8, "tie_embeddings": True}
+# Mamba3.__init__'s keywords and defaults (mamba_ssm/modules/mamba3.py); ssm_cfg also holds "layer".
+MAMBA3_DEFAULTS = {"d_state": 128, "expand": 2, "headdim": 64, "ngroups": 1, "rope_fraction": 0.5, "dt_min": 0.001,
+                   "dt_max": 0.1, "dt_init_floor": 1e-4, "A_floor": 1e-4, "is_outproj_norm": False, "is_mimo": False,
+                   "mimo_rank": 4, "fuse_pregate_headwise_norm": True, "chunk_size": 64, "dropout": 0.0}
+# Keywords that do not change the function a trained model computes, and why.
+NO_EFFECT = {"dt_min": "initialisation only", "dt_max": "initialisation only", "dt_init_floor": "initialisation only",
+             "chunk_size": "the kernels' tiling", "dropout": "absorbed and unused by Mamba3",
+             "fuse_pregate_headwise_norm": "fused or not, the same out-proj norm",
+             "fused_add_norm": "fused or not, the same add + norm",
+             "residual_in_fp32": "rounding only (ssmgate's residual stream is always float32)"}
+# ModelCfg fields config.json does not decide: free to set.
+FREE_FIELDS = ("dtype", "algorithm", "chunk_size")
+GATED_MLP_MULTIPLE = 128  # GatedMLP rounds its hidden width up to a multiple of this
+
+
+def config_path(path: PathLike) -> str:
+    """Where upstream's config.json of a checkpoint (file, shard folder or index json) is: beside it."""
+    path = os.fspath(path)
+    return os.path.join(path if os.path.isdir(path) else os.path.dirname(path), CONFIG_NAME)
+
+
+def read_config(path: PathLike) -> Optional[dict]:
+    """The checkpoint's config.json as a dict, or None when there is none."""
+    where = config_path(path)
+    if not os.path.exists(where):
+        return None
+    with open(where) as f:
+        try:
+            config = json.load(f)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not valid JSON ({err}); expected mamba_ssm's MambaConfig as JSON") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{where}: a JSON {type(config).__name__}; expected an object (MambaConfig's fields)")
+    return config
+
+
+def _fail(what: str, expected: str):
+    raise ValueError(f"convert_mamba3: config.json {what}; expected {expected}")
+
+
+def config_from_upstream(config: Mapping, *, a_activation: Optional[str] = None, **overrides) -> ModelCfg:
+    """The ModelCfg of an upstream MambaLMHeadModel config (config.json's dict). Every field that
+    config.json decides is set from it; `overrides` may restate those (a different value is an
+    error naming both) and set the free ones (FREE_FIELDS). `a_activation` is the decay activation,
+    which no config.json records: None takes "heavy", because upstream's LM class builds Mamba-3
+    layers only from LM_REVISION on, after HEAVY_TAIL_REVISION; say "softplus" for weights trained
+    before that change (docs/interventions.md). Options that cannot convert exactly are refused by name."""
+    unknown = sorted(set(config) - set(LM_DEFAULTS))
+    if unknown:
+        _fail(f"has keys {unknown} that mamba_ssm's MambaConfig does not take",
+              f"only {sorted(LM_DEFAULTS)} (upstream's from_pretrained would refuse them too)")
+    lm = {**LM_DEFAULTS, **config}
+    ssm = dict(lm["ssm_cfg"] or {})
+    layer = ssm.pop("layer", "Mamba1")
+    if layer != "Mamba3":
+        _fail(f"ssm_cfg.layer={layer!r} (missing means 'Mamba1')", "'Mamba3'")
+    unknown = sorted(set(ssm) - set(MAMBA3_DEFAULTS))
+    if unknown:
+        _fail(f"ssm_cfg has keys {unknown} that this converter does not know (Mamba3 absorbs unknown keywords "
+              "silently, so a newer upstream option could change the model unseen)",
+              f"only {sorted(MAMBA3_DEFAULTS)}, the keywords of Mamba3 at {LM_REVISION} and later")
+    m = {**MAMBA3_DEFAULTS, **ssm}
+    if lm["attn_layer_idx"]:
+        _fail(f"attn_layer_idx={lm['attn_layer_idx']} (attention layers in the stack)",
+              "[] (ssmgate's Mamba-3 language model has no hybrid attention layers)")
+    if not lm["rms_norm"]:
+        _fail("rms_norm=False (LayerNorm blocks)", "rms_norm=True (ssmgate's Mamba stack uses RMSNorm)")
+    if m["rope_fraction"] not in (0.5, 1.0):
+        _fail(f"ssm_cfg.rope_fraction={m['rope_fraction']!r}", "0.5 or 1.0 (Mamba3 asserts it)")
+    d_model, expand, n = lm["d_model"], m["expand"], m["d_state"]
+    d_inner = int(expand * d_model)
+    if d_inner != expand * d_model or d_inner % d_model:
+        _fail(f"ssm_cfg.expand={expand!r} with d_model={d_model}", "an integer expand (ssmgate's d_inner = expand * d_model)")
+    mimo = bool(m["is_mimo"])
+    rank = int(m["mimo_rank"]) if mimo else 1   # Mamba3 ignores mimo_rank without is_mimo
+    # The kernels pair state channels (2i, 2i + 1) (SISO) or split N into halves / quarters (MIMO).
+    multiple = (4 if m["rope_fraction"] == 0.5 else 2) if mimo else 2
+    if n % multiple:
+        _fail(f"ssm_cfg.d_state={n} with is_mimo={mimo}, rope_fraction={m['rope_fraction']}",
+              f"a multiple of {multiple} (the layout of the rotated state pairs)")
+    if m["A_floor"] <= 0:
+        _fail(f"ssm_cfg.A_floor={m['A_floor']!r}", "a value > 0")
+    vocab, pad = lm["vocab_size"], lm["pad_vocab_size_multiple"]
+    f = lm["d_intermediate"]
+    if a_activation is None:
+        a_activation = "heavy"
+    decided = dict(block="mamba3", transition="native", vocab_size=-(-vocab // pad) * pad, d_model=d_model,
+                   n_layers=lm["n_layer"], tie_embeddings=bool(lm["tie_embeddings"]),
+                   mlp="swiglu" if f else "none",
+                   d_mlp=-(-f // GATED_MLP_MULTIPLE) * GATED_MLP_MULTIPLE if f else 0,
+                   norm_eps=1e-5,  # MambaLMHeadModel never passes norm_epsilon; B/C and out-proj norms fix 1e-5
+                   d_state=n, expand=d_inner // d_model, headdim=m["headdim"], n_groups=m["ngroups"],
+                   rope_fraction=float(m["rope_fraction"]), mimo_rank=rank, a_floor=float(m["A_floor"]),
+                   a_activation=a_activation, outproj_norm=bool(m["is_outproj_norm"]))
+    clash = [f"{k}={v!r} (config.json gives {decided[k]!r})" for k, v in overrides.items()
+             if k in decided and v != decided[k]]
+    if clash:
+        raise ValueError(f"convert_mamba3: overrides contradict the checkpoint's config.json: {'; '.join(clash)}; "
+                         f"expected overrides of {FREE_FIELDS} only, or values equal to config.json's")
+    unknown = sorted(set(overrides) - set(decided) - set(FREE_FIELDS))
+    if unknown:
+        raise ValueError(f"convert_mamba3: overrides {unknown} are not ModelCfg fields this converter sets; "
+                         f"expected some of {FREE_FIELDS}")
+    try:
+        return _check_cfg(_make_cfg({**decided, **overrides}))
+    except ValueError as err:
+        raise ValueError(f"convert_mamba3: config.json describes no valid model: {err}") from None
+
+
 def _check_cfg(cfg: ModelCfg) -> ModelCfg:
     """The config must describe what the official module computes (see module docstring)."""
     cfg = cfg.validate()
-    wants = {"block": "mamba3", "transition": "native", "a_activation": "softplus"}
+    wants = {"block": "mamba3", "transition": "native"}
     for field, value in wants.items():
         if getattr(cfg, field) != value:
             raise ValueError(f"convert_mamba3: ModelCfg.{field}={getattr(cfg, field)!r}; expected {value!r} "
@@ -197,9 +318,39 @@ def _check_cfg(cfg: ModelCfg) -> ModelCfg:
     return cfg
 
 
-def infer_config(state_dict: Mapping[str, np.ndarray], **overrides) -> ModelCfg:
-    """The ModelCfg an official Mamba-3 state dict describes, from its shapes; `overrides`
-    (ModelCfg fields) replace inferred values, e.g. dtype="bfloat16"."""
+def _make_cfg(fields: dict) -> ModelCfg:
+    """A plain ModelCfg unless the out-proj norm needs OfficialMamba3Cfg (see models/config.py)."""
+    if fields.get("outproj_norm"):
+        return OfficialMamba3Cfg(**fields)
+    return ModelCfg(**{k: v for k, v in fields.items() if k != "outproj_norm"})
+
+
+def _outproj_norm(cfg: ModelCfg) -> bool:
+    return bool(getattr(cfg, "outproj_norm", False))
+
+
+def check_against_config(cfg: ModelCfg, official: ModelCfg) -> ModelCfg:
+    """`cfg` (a caller's) must agree with the checkpoint's config.json (`official`) on every field
+    config.json decides; FREE_FIELDS and a_activation are the caller's."""
+    fields = [f.name for f in dataclasses.fields(official)]
+    clash = [f"{k}={getattr(cfg, k, None)!r} (config.json gives {getattr(official, k)!r})" for k in fields
+             if k not in FREE_FIELDS + ("a_activation",) and getattr(cfg, k, False if k == "outproj_norm" else None)
+             != getattr(official, k)]
+    if clash:
+        raise ValueError(f"convert_mamba3: the given ModelCfg contradicts the checkpoint's config.json: "
+                         f"{'; '.join(clash)}; expected the values config.json gives")
+    return official.replace(**{k: getattr(cfg, k) for k in FREE_FIELDS + ("a_activation",)})
+
+
+def infer_config(state_dict: Mapping[str, np.ndarray], *, a_activation: Optional[str] = None,
+                 **overrides) -> ModelCfg:
+    """The ModelCfg an official Mamba-3 state dict describes from its shapes alone (for weights
+    without their config.json); `overrides` (ModelCfg fields) replace inferred values. The decay
+    activation is not in the weights, so `a_activation` must be given."""
+    if a_activation not in ("heavy", "softplus"):
+        raise ValueError(f"infer_config: a_activation={a_activation!r}; expected 'heavy' (mamba_ssm since "
+                         f"{HEAVY_TAIL_REVISION}) or 'softplus' (before): weights without config.json do not "
+                         "tell which decay activation they were trained with")
     def shape(key):
         if key not in state_dict:
             raise KeyError(f"infer_config: no {key!r} in the state dict; expected an official Mamba-3 LM checkpoint")
@@ -224,8 +375,9 @@ def infer_config(state_dict: Mapping[str, np.ndarray], **overrides) -> ModelCfg:
     inferred = dict(block="mamba3", vocab_size=vocab, d_model=d, n_layers=len(layer_ids), tie_embeddings=tied,
                     mlp="swiglu" if mlp else "none", d_mlp=shape("backbone.layers.0.mlp.fc2.weight")[1] if mlp else 0,
                     d_state=n, expand=d_inner // d, headdim=d_inner // h, n_groups=groups, transition="native",
-                    rope_fraction=fraction, mimo_rank=R, a_activation="softplus")
-    return _check_cfg(ModelCfg(**{**inferred, **overrides}))
+                    rope_fraction=fraction, mimo_rank=R, a_activation=a_activation,
+                    outproj_norm=mixer + "norm.weight" in state_dict)
+    return _check_cfg(_make_cfg({**inferred, **overrides}))
 
 
 def _rope_and_groups(width: int, d_inner: int, h: int, n: int, R: int) -> tuple[float, int]:
@@ -298,6 +450,8 @@ def _rules(cfg: ModelCfg, shapes: Mapping[Path, tuple[int, ...]]) -> dict[str, R
         if cfg.mimo_rank > 1:
             for name in ("mimo_x", "mimo_z", "mimo_o"):
                 rules[mixer + name] = copy(mpath + (name,))
+        if _outproj_norm(cfg):  # (d_inner,) in (h p) order, headdim groups: ssmgate's layout too
+            rules[mixer + "norm.weight"] = copy(mpath + ("out_norm_scale",))
         if cfg.mlp == "swiglu":
             rules[key + "norm2.weight"] = copy(path + ("mlp_norm", "scale"))
             rules[key + "mlp.fc1.weight"] = _fc1_rule(shapes, path + ("mlp",))
@@ -317,7 +471,7 @@ def _fc1_rule(shapes: Mapping[Path, tuple[int, ...]], mlp: Path) -> Rule:
 
 # Keys some mamba_ssm checkpoints carry that this model cannot take, with the reason.
 _UNSUPPORTED = {
-    r"\.mixer\.norm\.weight$": "is_outproj_norm=True (gated output norm) has no ssmgate counterpart",
+    r"\.mixer\.norm\.weight$": "is_outproj_norm=True checkpoints need OfficialMamba3Cfg(outproj_norm=True)",
     r"\.mixer\.A_log$": "an A_log parameter belongs to Mamba-2 or the old Mamba3Simple, not the official Mamba3",
     r"\.mixer\.conv1d\.": "a causal conv belongs to Mamba-1/2; Mamba-3 has none",
     r"\.norm(2|_f)?\.bias$": "LayerNorm (rms_norm=False) stacks are not supported; ssmgate's Mamba stack uses RMSNorm",
@@ -390,12 +544,59 @@ def convert_state_dict(state_dict: Mapping[str, np.ndarray], cfg: ModelCfg) -> d
     return _nest(flat)
 
 
-def load_official(path: PathLike, cfg: Optional[ModelCfg] = None, **overrides) -> dict:
+def max_relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    """max over positions of max|got - want| / max|want| (per position, over the vocabulary)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    scale = np.maximum(np.abs(want).max(-1), 1e-30)
+    return float((np.abs(got - want).max(-1) / scale).max())
+
+
+def check_logits(cfg: ModelCfg, params, tokens: np.ndarray, want: np.ndarray, rtol: float = 1e-3) -> float:
+    """The converted model's logits on `tokens` (b, t) against the upstream model's `want` (b, t, V):
+    returns the max relative error (`max_relative_error`), or raises ValueError above `rtol`. The
+    guard for what config.json cannot say, chiefly the decay activation."""
+    got = np.asarray(lm.logits(lm.build_model(cfg), params, np.asarray(tokens, np.int32)))
+    if got.shape != np.shape(want):
+        raise ValueError(f"check_logits: the reference logits have shape {np.shape(want)}; the model gives {got.shape}")
+    err = max_relative_error(got, want)
+    if not err <= rtol:
+        raise ValueError(f"check_logits: converted logits differ from the reference by {err:.3g} (max relative, "
+                         f"allowed {rtol:g}) with a_activation={cfg.a_activation!r}; expected agreement. Weights "
+                         f"trained before mamba_ssm {HEAVY_TAIL_REVISION} need a_activation='softplus', later ones "
+                         f"'heavy'")
+    return err
+
+
+def load_official(path: PathLike, cfg: Optional[ModelCfg] = None, *, a_activation: Optional[str] = None,
+                  reference: Optional[PathLike] = None, **overrides) -> dict:
     """Reads an official checkpoint (file, sharded directory or index json) and converts it.
-    cfg None: inferred from the shapes (`infer_config(state_dict, **overrides)`)."""
+
+    The model is upstream's config.json beside the weights (`official_config`); a given `cfg` or
+    `overrides` must agree with it (they may set FREE_FIELDS and the activation). Without a
+    config.json, `cfg` is taken as given (shapes still checked), or inferred from the shapes with
+    an explicit `a_activation`. `reference`: an .npz with `tokens` (b, t) and the upstream model's
+    `logits` (b, t, V) on them; the converted model must reproduce them (`check_logits`)."""
     state_dict = load_safetensors(path)
-    if cfg is None:
-        cfg = infer_config(state_dict, **overrides)
-    elif overrides:
-        cfg = cfg.replace(**overrides)
-    return convert_state_dict(state_dict, cfg)
+    cfg = official_config(path, cfg, a_activation=a_activation, state_dict=state_dict, **overrides)
+    params = convert_state_dict(state_dict, cfg)
+    if reference is not None:
+        with np.load(os.fspath(reference)) as ref:
+            check_logits(cfg, params, ref["tokens"], ref["logits"])
+    return params
+
+
+def official_config(path: PathLike, cfg: Optional[ModelCfg] = None, *, a_activation: Optional[str] = None,
+                    state_dict: Optional[Mapping[str, np.ndarray]] = None, **overrides) -> ModelCfg:
+    """The ModelCfg `load_official` converts a checkpoint with (see there); reads only config.json
+    unless it must infer from the shapes."""
+    config = read_config(path)
+    if config is not None:
+        if cfg is None:
+            return config_from_upstream(config, a_activation=a_activation, **overrides)
+        official = config_from_upstream(config, a_activation=a_activation or cfg.a_activation)
+        return check_against_config(cfg.replace(**overrides) if overrides else cfg, official)
+    if cfg is not None:
+        return _check_cfg(cfg.replace(**overrides, **({"a_activation": a_activation} if a_activation else {})))
+    if state_dict is None:
+        state_dict = load_safetensors(path)
+    return infer_config(state_dict, a_activation=a_activation, **overrides)

@@ -20,9 +20,9 @@ MLPS = ("none", "swiglu", "gelu")
 DTYPES = ("float32", "bfloat16")
 ALGORITHMS = ("auto", "sequential", "associative", "chunked", "pallas")
 DAMPED = ("under", "critical", "over")
-# Mamba-3's data-dependent decay A_t = -max(act(dd_A_t), a_floor). SPEC 1.3 (and the Mamba-3
-# paper's reference) use "heavy": 1+u for u >= 0, 1/(1-u) for u < 0; the current official module
-# (mamba_ssm/modules/mamba3.py) uses softplus.
+# Mamba-3's data-dependent decay A_t = -max(act(dd_A_t), a_floor). "heavy": 1+u for u >= 0,
+# 1/(1-u) for u < 0, as mamba_ssm/modules/mamba3.py since c69aaab (2026-06-02); "softplus": that
+# module before (docs/interventions.md, "Official checkpoints").
 A_ACTIVATIONS = ("heavy", "softplus")
 
 
@@ -140,3 +140,25 @@ class ModelCfg:
 
     def replace(self, **changes) -> "ModelCfg":
         return dataclasses.replace(self, **changes).validate()
+
+
+@dataclasses.dataclass(frozen=True)
+class OfficialMamba3Cfg(ModelCfg):
+    """A Mamba-3 ModelCfg with the option of upstream mamba_ssm's `Mamba3` that ssmgate's own models
+    do not use. `outproj_norm` (upstream `is_outproj_norm`): the mixer output is RMS-normalised per
+    head over its headdim channels (eps 1e-5, scale `mixer/out_norm_scale` of d_inner) before the
+    silu(z) gate; with MIMO per rank, before mimo_o. A subclass, not a ModelCfg field: programs key
+    their checkpoints by a hash of every ModelCfg field, and a new field would orphan all of them."""
+    outproj_norm: bool = False
+
+    def validate(self) -> "OfficialMamba3Cfg":
+        super().validate()
+        if self.outproj_norm and (self.block != "mamba3" or self.transition in DAMPED):
+            raise ValueError(f"OfficialMamba3Cfg.outproj_norm=True with block={self.block!r}, transition="
+                             f"{self.transition!r}: expected block 'mamba3' with transition native, none or static")
+        return self
+
+
+def config_class(fields: dict):
+    """The config class a dict of fields (e.g. `dataclasses.asdict` of a config) belongs to."""
+    return OfficialMamba3Cfg if "outproj_norm" in fields else ModelCfg

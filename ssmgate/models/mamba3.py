@@ -3,7 +3,7 @@
     in_proj(u) -> z | x | B | C | dd_dt | dd_A | trap | ang      widths d_inner, d_inner, G N R,
                                                                  G N R, H, H, H, r_in
     dt = softplus(dd_dt + dt_bias)                   (b, t, H), no clamp
-    A  = -max(act(dd_A), a_floor)                    act = heavy (SPEC) or softplus (cfg.a_activation)
+    A  = -max(act(dd_A), a_floor)                    act = heavy (default; mamba_ssm since 2026-06) or softplus
     trap = sigmoid(trap)                             trapezoid weight lambda
     B, C <- RMSNorm over N (own scale) + per-head per-rank per-channel bias (init 1)
     y = core(x, dt, A, B, C, ..., D, trap)           no conv; bias-free projections
@@ -36,6 +36,8 @@ Parameters (paths relative to the mixer; H heads, P headdim, N d_state, R rank):
   static_angle     (H, r)      transition 'static' only; N(0, 1/3), the spread of native's raw
                                angles at init (unit-RMS input through a U(+-1/sqrt(d)) projection)
   mimo_x, mimo_z, mimo_o       (H, R, P)  MIMO only; init 1/R, 1, 1/R (official), so R = 1 is SISO
+  out_norm_scale   (d_inner,)  only with OfficialMamba3Cfg(outproj_norm=True): upstream's is_outproj_norm,
+                               y -> RMSNorm_P(y) * scale before the silu(z) gate (per rank for MIMO)
   out_proj/kernel  (d_inner, d_model)
 There is no A_log: A_t is data-dependent (gates.py edits Mamba-2 gates only).
 
@@ -65,7 +67,7 @@ from ssmgate.cores import damped, rotation, rotation_mimo
 from ssmgate.models import gates
 from ssmgate.models.config import DAMPED, ModelCfg
 from ssmgate.models.hooks import PhaseHooks
-from ssmgate.models.layers import RMSNorm, dense
+from ssmgate.models.layers import RMSNorm, dense, rms_normalize
 
 
 def heavy(u):
@@ -136,7 +138,7 @@ class Mamba3Mixer(nn.Module):
                 gated, state = self._mimo(x_bthp, z_bthp, dt_bth, -rate_bth, B_bthRn, C_bthRn, theta, D, R, kw)
             else:
                 y, state = rotation(x_bthp, dt_bth, -rate_bth, B_bthRn[:, :, :, 0], C_bthRn[:, :, :, 0], theta, D, **kw)
-                gated = y * jax.nn.silu(z_bthp)
+                gated = self._out_norm(y, h, p) * jax.nn.silu(z_bthp)
         out = dense(cfg.d_model, cdt, "out_proj")(gated.astype(cdt).reshape(b, t, d_inner))
         return out, state
 
@@ -165,5 +167,15 @@ class Mamba3Mixer(nn.Module):
         X = x_bthp[:, :, :, None, :] * mimo_x.astype(x_bthp.dtype)
         Y, state = rotation_mimo(X, dt, A, B, C, theta, D, **kw)
         Z = z_bthp[:, :, :, None, :] * mimo_z.astype(z_bthp.dtype)
+        if getattr(self.cfg, "outproj_norm", False):  # normalised per (head, rank), before the gate
+            Y = jnp.swapaxes(self._out_norm(jnp.swapaxes(Y, 2, 3), h, p), 2, 3)
         gated = jnp.einsum("bthkp,hkp->bthp", Y * jax.nn.silu(Z), mimo_o.astype(Y.dtype))
         return gated, state
+
+    def _out_norm(self, y, h, p):
+        """Upstream's is_outproj_norm (OfficialMamba3Cfg.outproj_norm): y (..., H, P) RMS-normalised over P
+        (eps 1e-5, upstream's fixed value) times a (H, P) scale; identity otherwise."""
+        if not getattr(self.cfg, "outproj_norm", False):
+            return y
+        scale = self.param("out_norm_scale", nn.initializers.ones, (h * p,), jnp.float32)
+        return (rms_normalize(y, 1e-5) * scale.reshape(h, p)).astype(y.dtype)

@@ -21,7 +21,7 @@ import sys
 from typing import Sequence
 
 from ssmgate.malloc_env import without_tunables
-from ssmgate.models.config import ModelCfg
+from ssmgate.models.config import ModelCfg, config_class
 from ssmgate.xla_env import with_flag
 
 
@@ -49,7 +49,8 @@ def _child(cfg_json: str, length: int, piece_len: int) -> dict:
     from ssmgate.models.lm import build_model, init_params
     from ssmgate.programs import lm_eval
 
-    cfg = ModelCfg(**json.loads(cfg_json)).validate()
+    fields = json.loads(cfg_json)
+    cfg = config_class(fields)(**fields).validate()
     model = build_model(cfg)
     params = init_params(cfg, jax.random.PRNGKey(0))
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (1, length)).astype(np.int32)
