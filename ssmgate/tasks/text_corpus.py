@@ -1,6 +1,6 @@
 """Text corpora for the language-model pipeline (SPEC §7): documents as an iterable of strings.
 
-Three sources, all offline at run time:
+Sources, all offline at run time:
 
 - `embedded_corpus(split)`: a small English corpus that exists wherever CPython does, the help texts
   of `pydoc_data.topics` (what `help("assert")` prints). It lets the LM programs, their tests and the
@@ -13,6 +13,7 @@ Three sources, all offline at run time:
 - `tfds_text(name, split, data_dir, text_key)`: any TFDS text dataset already prepared on disk in
   the `array_record` format (e.g. the official `pg19`, feature `book_text`), read through
   `tfds.data_source`, which needs neither TensorFlow nor network. Nothing is downloaded here.
+- `files:<glob>` in `open_corpus`: plain-text and JSON-lines files (`ssmgate.data.files`).
 
 Every source yields its documents in a deterministic order, so a token stream built from it (see
 `text_packing`) is the same on every machine.
@@ -159,9 +160,22 @@ def pg19_folder(root: str | os.PathLike, split: str) -> Iterator[Book]:
     def books() -> Iterator[Book]:
         for book_id in sorted(files):
             title, date, url = metadata[book_id]
-            yield Book(book_id, title, date, url, files[book_id].read_text(encoding="utf-8").strip())
+            yield Book(book_id, title, date, url, read_pg19_book(files[book_id]))
 
     return books()
+
+
+def read_pg19_book(path: Path) -> str:
+    """One book's text as `pg19_folder` gives it (surrounding whitespace stripped)."""
+    return path.read_text(encoding="utf-8").strip()
+
+
+def pg19_book_files(root: str | os.PathLike, split: str) -> list[Path]:
+    """The book files of `split`, sorted by id (the order of `pg19_folder`), after its layout checks;
+    no text is read."""
+    pg19_folder(root, split)  # raises on a bad layout; the generator it returns is not started
+    files = _split_files(Path(root) / split)
+    return [files[book_id] for book_id in sorted(files)]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -210,23 +224,39 @@ def tfds_text(name: str, split: str, data_dir: str | os.PathLike | None = None,
 # ---------------------------------------------------------------------------------------------------
 # One spelling for every source, as the programs' flags take it.
 
-CORPUS_FORMS = "'embedded', 'pg19:<folder>' or 'tfds:<name>[#<text feature>]' (e.g. 'tfds:pg19#book_text')"
+CORPUS_FORMS = ("'embedded', 'pg19:<folder>', 'tfds:<name>[#<text feature>]' (e.g. 'tfds:pg19#book_text') or "
+                "'files:<glob>[#<json key>]' (e.g. 'files:/data/{split}/*.jsonl#text')")
+
+
+def parse_corpus(spec: str, name: str = "corpus") -> tuple[str, str, str]:
+    """(kind, where, key) of a corpus spec: ("embedded", "", ""), ("pg19", folder, ""),
+    ("tfds", dataset name, text feature or "") or ("files", glob, json key or ""). Raises
+    ValueError naming `name` and the accepted forms."""
+    kind, _, where = spec.partition(":")
+    head, _, key = where.partition("#")
+    if kind == "embedded" and not where:
+        return kind, "", ""
+    if kind == "pg19" and where:
+        return kind, where, ""
+    if kind in ("tfds", "files") and head:
+        return kind, head, key
+    raise ValueError(f"{name}={spec!r}: expected {CORPUS_FORMS}")
 
 
 def open_corpus(spec: str, split: str, *, data_dir: str | os.PathLike | None = None,
                 text_key: str = "book_text") -> Iterator[str]:
     """The documents of `split` of the corpus named by `spec`: "embedded" (the pydoc corpus),
-    "pg19:<folder>" (a local PG-19 copy) or "tfds:<name>[#<feature>]" (a prepared TFDS dataset read
-    by `tfds_text` with `data_dir`; its text feature is <feature>, default `text_key`). Layout and
-    preparation errors are raised here, before iteration."""
+    "pg19:<folder>" (a local PG-19 copy), "tfds:<name>[#<feature>]" (a prepared TFDS dataset read
+    by `tfds_text` with `data_dir`; its text feature is <feature>, default `text_key`) or
+    "files:<glob>[#<key>]" (text and JSON-lines files, `ssmgate.data.files`; `{split}` in the glob
+    is the split). Layout and preparation errors are raised here, before iteration."""
     _check_split(split)
-    kind, _, where = spec.partition(":")
-    if kind == "embedded" and not where:
+    kind, where, key = parse_corpus(spec)
+    if kind == "embedded":
         return iter(embedded_corpus(split))
-    if kind == "pg19" and where:
+    if kind == "pg19":
         return (book.text for book in pg19_folder(where, split))
-    if kind == "tfds" and where:
-        name, _, key = where.partition("#")
-        if name:
-            return tfds_text(name, split, data_dir, key or text_key)
-    raise ValueError(f"corpus={spec!r}: expected {CORPUS_FORMS}")
+    if kind == "tfds":
+        return tfds_text(where, split, data_dir, key or text_key)
+    from ssmgate.data import files  # lazy: ssmgate.data builds on this module
+    return files.files_corpus(spec.partition(":")[2], split)
