@@ -108,9 +108,11 @@ def _epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
     return order
 
 
-def batch_at(stream: np.ndarray, seq_len: int, batch: int, seed: int, step: int) -> LMBatch:
-    """Training batch of step `step`: (batch, seq_len) numpy arrays, a function of (seed, step) only."""
-    n = n_rows(stream, seq_len)
+def row_indices(n: int, batch: int, seed: int, step: int) -> np.ndarray:
+    """The rows (of `n`) that make the training batch of step `step`, in batch order: global sample
+    position p = step * batch + j is row perm_e[p mod n] of epoch e = p div n. Shared with the sharded
+    loader (`ssmgate.data.loader`), so both give the same batches."""
+    n = _check_int("n", n, 1)
     batch = _check_int("batch", batch, 1)
     seed = _check_int("seed", seed, 0)
     step = _check_int("step", step, 0)
@@ -119,7 +121,12 @@ def batch_at(stream: np.ndarray, seq_len: int, batch: int, seed: int, step: int)
     for epoch in np.unique(pos // n):  # usually one epoch, two at a boundary, more if batch > n
         sel = pos // n == epoch
         idx[sel] = _epoch_order(seed, int(epoch), n)[pos[sel] % n]
-    return _rows(stream, seq_len, idx)
+    return idx
+
+
+def batch_at(stream: np.ndarray, seq_len: int, batch: int, seed: int, step: int) -> LMBatch:
+    """Training batch of step `step`: (batch, seq_len) numpy arrays, a function of (seed, step) only."""
+    return _rows(stream, seq_len, row_indices(n_rows(stream, seq_len), batch, seed, step))
 
 
 def eval_rows(stream: np.ndarray, seq_len: int) -> LMBatch:
