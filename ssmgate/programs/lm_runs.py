@@ -78,7 +78,8 @@ class Run:
 
 def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sample: Callable | None = None,
               loss: Callable, eval_batches, mesh, mode: str, force_sweep: bool = False,
-              stage: Callable | None = None, host_sample: Callable | None = None, base_params=None) -> Run:
+              stage: Callable | None = None, host_sample: Callable | None = None,
+              global_batch: Callable | None = None, base_params=None) -> Run:
     """sample(seed, k) -> batch of step k for a replica seeded `seed` (jittable in k);
     loss(logits, batch) -> (loss, metrics); the evaluation is the mean of loss and metrics over
     the fixed `eval_batches`.
@@ -86,6 +87,10 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
     Host-side data: instead of `sample`, `host_sample(seed, k)` may return the batch as numpy
     arrays (a memory-mapped text corpus, say, too large to live on the device); it is placed on
     the mesh with the batch sharding each step. It must still be a function of (seed, k) only.
+    Every process computes the whole global batch there; with `global_batch(sharding) -> (k ->
+    batch of jax.Arrays with that sharding)` instead (single runs), each process reads only its
+    own rows and builds the global arrays itself (e.g. `ssmgate.data.loader.global_batch_fn`,
+    with the replica's seed bound), again a function of k only.
 
     `base_params` (e.g. a pretrained checkpoint's) replace the random initial weights; a replica's
     gate offset is still added (Mamba-2: A_log += offset, P1's gate scale s = e^offset).
@@ -95,10 +100,12 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
     its own batch function and train step once, so a length curriculum or bucketed lengths pay for
     the padding of their stage, not of the longest sequence. Every replica of a sweep shares the
     stage of step k (one array shape per step)."""
-    if (sample is None) == (host_sample is None):
-        raise ValueError("build_run: pass exactly one of sample (jittable) and host_sample (numpy)")
-    if host_sample is not None and stage is not None:
-        raise ValueError("build_run: stage applies to a jittable sample; host_sample batches have one shape")
+    if sum(x is not None for x in (sample, host_sample, global_batch)) != 1:
+        raise ValueError("build_run: pass exactly one of sample (jittable), host_sample (numpy) and global_batch "
+                         "(global arrays)")
+    if stage is not None and sample is None:
+        raise ValueError("build_run: stage applies to a jittable sample; host_sample and global_batch batches have "
+                         "one shape")
     model = build_model(model_cfg)
     tx = optim.make_optimizer(optim_cfg)
     loss_fn = lm_loss_fn(model, loss)
@@ -106,6 +113,9 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
     step = make_train_step(loss_fn, tx, compute_dtype=jnp.dtype(model_cfg.dtype))
     init = init_params_fn(model, model_cfg, base_params=base_params)
     is_sweep = len(replicas) > 1 or force_sweep
+    if is_sweep and global_batch is not None:
+        raise ValueError("build_run: global_batch serves single runs; a sweep's batches carry a leading replica "
+                         "axis (use sample or host_sample)")
     if is_sweep:
         make = lambda: sweep.init_sweep(replicas, init, tx)
         shapes = jax.eval_shape(make)
@@ -131,7 +141,9 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
         shapes = jax.eval_shape(make)
         shard = meshlib.state_shardings(shapes, mesh, mode)
         batch_shard = meshlib.batch_sharding(mesh)
-        if host_sample is not None:
+        if global_batch is not None:
+            batch_fn = global_batch(batch_shard)
+        elif host_sample is not None:
             batch_fn = on_mesh(lambda k: host_sample(r.seed, k), batch_shard)
         else:
             batch_fn = staged(lambda fn: lambda k: fn(r.seed, k), sample, stage, batch_shard)

@@ -2,10 +2,14 @@
 
     python -m ssmgate.main --flagfile=experiments/p2/cpu/lm_rope05.flags --run_dir=runs/lm_rope05
 
-1. Data (SPEC 7.1, issue #7): documents of `--corpus` ('embedded', 'pg19:<folder>', 'tfds:<name>')
-   tokenized (`--tokenizer`: byte, or a tokenizer.json / SentencePiece .model), joined with EOS and
-   cut into rows of seq_len + 1 tokens; the batch of step k is a function of (seed, k) only
-   (`text_packing.batch_at`), so a resumed run sees the batches of an uninterrupted one.
+1. Data (SPEC 7.1, issue #7): documents of `--corpus` ('embedded', 'pg19:<folder>', 'tfds:<name>',
+   'files:<glob>') tokenized (`--tokenizer`: byte, or a tokenizer.json / SentencePiece .model),
+   joined with EOS and cut into rows of seq_len + 1 tokens. The training split is prepared once
+   into token shards (`ssmgate.data.prepare`, under `--token_cache_dir`, else a temporary folder
+   of the run) and read by `ssmgate.data.loader`: each process reads only its rows of each batch,
+   and the batch of step k is a function of (seed, k) only, byte-identical to
+   `text_packing.batch_at` of the same stream, so a resumed run sees the batches of an
+   uninterrupted one. The validation split stays one small in-memory stream.
 2. Training with the framework's loop (orbax checkpoints, automatic resume, metrics.jsonl); every
    `--eval_every` steps the held-out PPL over all validation rows (state reset per row): the
    validation curve of Fig 7.
@@ -25,6 +29,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import tempfile
 import time
 from typing import Optional
 
@@ -35,6 +40,9 @@ import numpy as np
 from ssmgate.models import presets
 from ssmgate.models.config import ModelCfg
 from ssmgate.models.lm import build_model
+from ssmgate.data import loader as data_loader
+from ssmgate.data.prepare import PrepareMismatch, prepare
+from ssmgate.data.store import TokenStore
 from ssmgate.programs import lm_runs
 from ssmgate.programs.config_error import ConfigError
 from ssmgate.programs.p2_lm_eval import LongEvalCfg, evaluate
@@ -60,7 +68,7 @@ class TextCfg:
     max_train_tokens: Optional[int] = None
     max_valid_tokens: Optional[int] = None
     max_eval_books: Optional[int] = None
-    cache_dir: Optional[str] = None     # token-stream cache (.npy); None = tokenize every run
+    cache_dir: Optional[str] = None     # training shards and validation .npy; None = tokenize every run
 
     def validate(self) -> "TextCfg":
         for name in ("seq_len", "batch", "eval_batch"):
@@ -73,10 +81,8 @@ class TextCfg:
         if self.eval_split not in text_corpus.SPLITS:
             raise ValueError(f"eval_split={self.eval_split!r}: expected one of {text_corpus.SPLITS}")
         for name in ("corpus", "eval_corpus"):
-            spec = getattr(self, name)
-            kind, _, where = spec.partition(":")
-            if spec and not ((kind == "embedded" and not where) or (kind in ("pg19", "tfds") and where)):
-                raise ValueError(f"{name}={spec!r}: expected {text_corpus.CORPUS_FORMS}")
+            if getattr(self, name):
+                text_corpus.parse_corpus(getattr(self, name), name)
         return self
 
 
@@ -92,6 +98,7 @@ class P2LMCfg:
     variant: str = ""                   # the report's name for this model (e.g. "rotation")
     preset: Optional[str] = None
     init_official: Optional[str] = None  # safetensors of an official Mamba-3 checkpoint: evaluated, not trained
+    official_gate: Optional[object] = None  # official_gate.NativePPLGate, checked before anything is measured
 
     def fingerprint(self) -> str:
         """What a checkpoint must match to be resumed: model, optimizer, data and seed."""
@@ -134,11 +141,12 @@ def text_loss(logits_btv, batch: LMBatch):
 
 @dataclasses.dataclass
 class TextData:
-    train: np.ndarray            # token stream
-    valid: np.ndarray
+    train: TokenStore            # prepared token shards, read per batch
+    valid: np.ndarray            # token stream
     books: list                  # eval books, token arrays
     tokenizer_name: str
     eos_id: int
+    scratch: Optional[tempfile.TemporaryDirectory] = None  # holds `train` when there is no cache_dir
 
 
 def _cache(cfg: TextCfg, corpus: str, split: str) -> Optional[str]:
@@ -148,6 +156,24 @@ def _cache(cfg: TextCfg, corpus: str, split: str) -> Optional[str]:
     return f"{cfg.cache_dir}/{safe}_{split}_{cfg.tokenizer.replace('/', '_')}.npy"
 
 
+def _train_shards(cfg: TextCfg) -> tuple[TokenStore, Optional[tempfile.TemporaryDirectory]]:
+    """The training split's token shards: prepared once under cache_dir (beside the .npy
+    streams, named the same way), or into a temporary folder that lives as long as the data."""
+    scratch = None
+    if cfg.cache_dir is None:
+        scratch = tempfile.TemporaryDirectory(prefix="ssmgate-train-tokens-")
+        out = f"{scratch.name}/shards"
+    else:
+        out = _cache(cfg, cfg.corpus, "train").removesuffix(".npy") + ".shards"
+    try:
+        store = prepare(cfg.corpus, "train", out, tokenizer=cfg.tokenizer, max_tokens=cfg.max_train_tokens,
+                        data_dir=cfg.tfds_data_dir, text_key=cfg.text_key,
+                        log=say if jax.process_index() == 0 else None)
+    except PrepareMismatch as e:
+        raise ConfigError(f"--token_cache_dir: {e}") from None
+    return store, scratch
+
+
 def load_text(cfg: TextCfg, vocab_size: int) -> TextData:
     tok = load_tokenizer(cfg.tokenizer)
     if tok.vocab_size > vocab_size:
@@ -155,8 +181,7 @@ def load_text(cfg: TextCfg, vocab_size: int) -> TextData:
                           f"expected --vocab_size >= {tok.vocab_size}")
     open_ = lambda spec, split: text_corpus.open_corpus(spec, split, data_dir=cfg.tfds_data_dir,
                                                         text_key=cfg.text_key)
-    train = text_packing.token_stream(open_(cfg.corpus, "train"), tok, max_tokens=cfg.max_train_tokens,
-                                      cache_path=_cache(cfg, cfg.corpus, "train"))
+    train, scratch = _train_shards(cfg)
     valid = text_packing.token_stream(open_(cfg.corpus, "validation"), tok, max_tokens=cfg.max_valid_tokens,
                                       cache_path=_cache(cfg, cfg.corpus, "validation"))
     books = []
@@ -164,13 +189,14 @@ def load_text(cfg: TextCfg, vocab_size: int) -> TextData:
         if cfg.max_eval_books is not None and len(books) >= cfg.max_eval_books:
             break
         books.append(np.asarray(tok.encode(doc), np.int32))
-    for name, stream in (("train", train), ("validation", valid)):
+    for name, check in (("train", lambda: data_loader.RowSource(train, cfg.seq_len)),
+                        ("validation", lambda: text_packing.n_rows(valid, cfg.seq_len))):
         try:
-            text_packing.n_rows(stream, cfg.seq_len)
+            check()
         except ValueError as e:
             raise ConfigError(f"--corpus={cfg.corpus}: the {name} split is too short for --seq_len={cfg.seq_len}"
                               f" ({e})") from None
-    return TextData(train, valid, books, tok.name, int(tok.eos_id))
+    return TextData(train, valid, books, tok.name, int(tok.eos_id), scratch)
 
 
 def describe(cfg: P2LMCfg) -> str:
@@ -206,7 +232,8 @@ def train(cfg: P2LMCfg, rd: RunDir, data: TextData):
     replicas = (sweep.Replica(seed=cfg.seed, lr=cfg.optim.lr),)
     built = lm_runs.build_run(
         cfg.model, cfg.optim, replicas, loss=text_loss, eval_batches=[], mesh=mesh, mode=cfg.mesh.params,
-        host_sample=lambda seed, k: text_packing.batch_at(data.train, text.seq_len, text.batch, seed, k))
+        global_batch=lambda sharding: data_loader.global_batch_fn(data.train, text.seq_len, text.batch, cfg.seed,
+                                                                  sharding))
     meta = {"config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str))}
     result = loop.run(rd, cfg.loop, init_state=built.init_state, abstract_state=built.abstract, step_fn=built.step,
                       batch_fn=built.batch_fn, eval_fn=_validation_fn(built.model, data, text), meta=meta,
@@ -232,6 +259,8 @@ def run(cfg: P2LMCfg, run_dir: str) -> dict:
     if cfg.loop is None:
         from ssmgate.interventions.convert_mamba3 import load_official
         params = jax.tree.map(jnp.asarray, load_official(cfg.init_official, cfg.model))
+        if cfg.official_gate is not None:  # stops the run unless the converted model is the published one
+            cfg.official_gate.check(cfg.model, params, data.books, cfg.long_eval, rd, lm_runs.params_digest(params))
         evals = _validation_fn(build_model(cfg.model), data, cfg.text)(_Params(params))
         trained = {"steps": 0, "resumed_from": None, "tokens_per_s": None, "init_official": cfg.init_official}
     else:
