@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from absl import flags
 
-from ssmgate.programs import p2_lm
+from ssmgate.interventions import convert_mamba3 as cv
+from ssmgate.models.config import ModelCfg
+from ssmgate.programs import dataclass_flags, p2_lm
 from ssmgate.programs import train_lm_flags  # noqa: F401  (defines --seq_len)
 from ssmgate.programs import training_flags as tf
 from ssmgate.programs.config_error import ConfigError
+from ssmgate.programs.official_gate import NativePPLGate
 from ssmgate.programs.p2_lm_eval import PHASE_KINDS, LongEvalCfg
 from ssmgate.tasks import text_corpus
 
@@ -43,8 +46,15 @@ flags.DEFINE_integer("bucket_row_len", 0, "SPEC 7.3: eval books joined with EOS 
                      "position bucket; 0 = skip.")
 flags.DEFINE_integer("bucket_width", _E.bucket_width, "Positions per bucket of --bucket_row_len rows.")
 flags.DEFINE_string("variant", "", "The report's name of this model (e.g. rotation, no_rotation).")
-flags.DEFINE_string("init_official", None, "Evaluate an official Mamba-3 safetensors checkpoint (no training; "
-                    "the model flags must describe it).")
+flags.DEFINE_string("init_official", None, "Evaluate an official Mamba-3 checkpoint: its safetensors file or folder "
+                    "with upstream's config.json beside it, which gives the model (model flags given must agree; "
+                    "--a_activation is the decay's: heavy, or softplus for weights before mamba_ssm c69aaab). "
+                    "No training.")
+flags.DEFINE_float("official_ppl", None, "--init_official: the published native PPL at --official_ppl_window; the run "
+                   "stops before any intervention unless the converted checkpoint measures it within the tolerance.")
+flags.DEFINE_integer("official_ppl_window", None, "--init_official: the window size of --official_ppl "
+                     "(default: the first of --lm_windows).")
+flags.DEFINE_float("official_ppl_tolerance", 0.02, "--init_official: allowed |measured / published - 1|.")
 
 FLAGS = flags.FLAGS
 
@@ -75,14 +85,58 @@ def config_from_flags() -> p2_lm.P2LMCfg:
                             diag_books=FLAGS.diag_books, trajectory_len=FLAGS.trajectory_len,
                             memory_windows=_ints("memory_windows"), bucket_row_len=FLAGS.bucket_row_len,
                             bucket_width=FLAGS.bucket_width, shuffle_seed=FLAGS.seed)
-    cfg = p2_lm.P2LMCfg(model=tf.model_cfg(), optim=tf.optim_cfg(lr, steps or 1), text=text, long_eval=long_eval,
+    model, gate = (_official(official, long_eval) if official else (tf.model_cfg(), None))
+    cfg = p2_lm.P2LMCfg(model=model, optim=tf.optim_cfg(lr, steps or 1), text=text, long_eval=long_eval,
                         loop=None if official else tf.loop_cfg(steps, name="p2_lm"), mesh=tf.mesh_cfg(),
-                        seed=FLAGS.seed, variant=FLAGS.variant, preset=FLAGS.preset, init_official=official)
+                        seed=FLAGS.seed, variant=FLAGS.variant, preset=FLAGS.preset, init_official=official,
+                        official_gate=gate)
     return cfg.validate()
 
 
+def _dry_run() -> bool:
+    return "dry_run" in FLAGS and bool(FLAGS.dry_run)
+
+
+def _official(path: str, long_eval: LongEvalCfg):
+    """The model of --init_official (its config.json, the model flags given checked against it) and
+    the native-PPL gate. A dry run without the checkpoint shows the model flags instead."""
+    if FLAGS.preset is not None:
+        raise ConfigError(f"--preset={FLAGS.preset} with --init_official: the checkpoint's config.json gives the "
+                          "model; expected no --preset")
+    window = FLAGS.official_ppl_window or long_eval.validate().windows[0]
+    gate = None
+    if FLAGS.official_ppl is not None:
+        gate = NativePPLGate(FLAGS.official_ppl, window, FLAGS.official_ppl_tolerance).validate(long_eval)
+    elif not _dry_run():
+        raise ConfigError("--init_official needs --official_ppl: the published native PPL at window "
+                          f"{window} (--official_ppl_window), which the converted checkpoint must reproduce "
+                          "before any intervention is measured")
+    given = dataclass_flags.overrides(ModelCfg)
+    if cv.read_config(path) is None:
+        if _dry_run():
+            return tf.model_cfg(), gate
+        raise ConfigError(f"--init_official={path}: no {cv.config_path(path)}; expected an upstream mamba_ssm "
+                          "checkpoint with its config.json beside the weights")
+    try:
+        return cv.official_config(path, a_activation=given.pop("a_activation", None), **given), gate
+    except ValueError as e:
+        raise ConfigError(f"--init_official={path}: {e}") from None
+
+
 def describe(cfg) -> str:
-    return p2_lm.describe(cfg)
+    text = p2_lm.describe(cfg)
+    if cfg.init_official is None:
+        return text
+    found = cv.read_config(cfg.init_official) is not None
+    return "\n".join([
+        f"official checkpoint: {cfg.init_official} (" + ("model from its config.json" if found else
+                                                        "not here: the model below is the model flags'; a run "
+                                                        "reads it from the checkpoint's config.json") + ")",
+        f"decay activation: {cfg.model.a_activation}",
+        "native-PPL gate: " + ("none yet: a run needs --official_ppl" if cfg.official_gate is None else
+                               f"published {cfg.official_gate.published} at window {cfg.official_gate.window}, "
+                               f"±{100 * cfg.official_gate.tolerance:g}%, before any intervention"),
+        text])
 
 
 def run(cfg, run_dir: str) -> dict:
