@@ -1,10 +1,11 @@
-"""`python -m ssmgate.bench cores|sweep|fig1_sweeps|ssd_ceiling|data [flags]`: dispatches to the named benchmark.
+"""`python -m ssmgate.bench cores|sweep|fig1_sweeps|ssd_ceiling|data|nan_check [flags]`: dispatches to the named benchmark.
 
 cores: the recurrent cores' algorithms (with --backend=gpu|tpu the Pallas device benchmark);
 sweep: vmapped training sweeps of language models and training throughput (ssmgate.bench.train);
 fig1_sweeps: the P1 Figure 1 grids as one program; ssd_ceiling: the least time the chunked form's
 matmuls take on this machine (ssmgate.bench.ceiling); data: the sharded text pipeline's tokenization,
-loader throughput and memory (ssmgate.bench.data). Only the named benchmark's module is imported
+loader throughput and memory (ssmgate.bench.data); nan_check: what the training loop's non-finite
+check costs a sweep (ssmgate.bench.nan_check). Only the named benchmark's module is imported
 (its flags must exist before absl parses them), so `cores` needs no training stack: it runs on an
 accelerator machine's own JAX install.
 """
@@ -14,7 +15,8 @@ import sys
 from absl import app
 
 BENCHMARKS = {"cores": "ssmgate.bench.cores", "sweep": "ssmgate.bench.train", "fig1_sweeps": "ssmgate.bench.sweeps",
-              "ssd_ceiling": "ssmgate.bench.ceiling", "data": "ssmgate.bench.data"}
+              "ssd_ceiling": "ssmgate.bench.ceiling", "data": "ssmgate.bench.data",
+              "nan_check": "ssmgate.bench.nan_check"}
 
 
 def _usage() -> str:
