@@ -121,3 +121,13 @@ def test_the_command_line_prepares_and_reopens(tmp_path, capsys):
 def test_an_unfinished_directory_is_not_opened(tmp_path):
     with pytest.raises(FileNotFoundError, match="no manifest.json: not a prepared token directory"):
         TokenStore(tmp_path)
+
+
+def test_a_prepared_tfds_split_in_example_ranges(tmp_path):
+    from tests.tasks.test_text_data import make_tfds
+
+    make_tfds(tmp_path / "tfds")
+    spec, kw = "tfds:tiny_books#book_text", dict(data_dir=tmp_path / "tfds")
+    store = prep.prepare(spec, "train", tmp_path / "out", workers=1, shard_bytes=1, record_tokens=4, log=None, **kw)
+    assert len(json.loads((tmp_path / "out" / shards.PLAN).read_text())["pieces"]) == 3  # one example each
+    assert store.read(0, len(store)).tolist() == expected(spec, **kw).tolist()
