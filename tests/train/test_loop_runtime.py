@@ -156,3 +156,24 @@ def test_object_store_run_dirs_rewrite_metrics_instead_of_appending(tmp_path):
         rd.log_metrics({"step": 2, "loss": 0.0})
     assert (tmp_path / "a" / "metrics.jsonl").read_text() == (tmp_path / "b" / "metrics.jsonl").read_text()
     assert [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
+
+
+def test_a_rerun_writes_no_metrics_line_twice(tmp_path):
+    init = single()
+    cfg = loop.LoopCfg(steps=8, log_every=4, tensorboard=False)
+    eval_fn = jax.jit(lambda s: {"w": s.params["w2"]["kernel"].sum()})
+
+    def go():
+        return loop.run(RunDir(tmp_path), cfg, init_state=init, abstract_state=jax.eval_shape(init),
+                        step_fn=donated_step(), batch_fn=lambda k: batch_of(0, k), eval_fn=eval_fn, meta={},
+                        fingerprint="f")
+
+    go()
+    once = (tmp_path / "metrics.jsonl").read_text()
+    go()  # a finished run again: restores step 8 and evaluates, without a second eval line
+    assert (tmp_path / "metrics.jsonl").read_text() == once
+    import shutil
+    shutil.rmtree(tmp_path / "checkpoints")  # killed before its first checkpoint: lines but no state
+    go()
+    assert (tmp_path / "metrics.jsonl").read_text().count('"kind": "eval"') == 1
+    assert [r["step"] for r in records(tmp_path) if r["kind"] == "train"] == [4, 8]
