@@ -91,6 +91,7 @@ def main(argv):
     from ssmgate.train.run_dir import RunDir
     if jax.process_index() == 0:
         RunDir(FLAGS.run_dir).write_text("flags.txt", resolved_flags())
+    from ssmgate.train.loop import TrainingDiverged
     from ssmgate.train.preemption import EXIT_PREEMPTED, Preempted
     try:
         program.run(cfg, FLAGS.run_dir)
@@ -99,6 +100,9 @@ def main(argv):
     except Preempted as e:  # SIGTERM/SIGINT: saved; a scheduler (launch/) requeues on this status
         print(f"[ssmgate] {e} (exit status {EXIT_PREEMPTED})", flush=True)
         sys.exit(EXIT_PREEMPTED)
+    except TrainingDiverged as e:  # the message names the step, the quantity and the saved state
+        print(f"[ssmgate] training diverged: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
     print(f"[ssmgate] done: {FLAGS.run_dir}/summary.json", flush=True)
 
 

@@ -107,6 +107,18 @@ def test_sigkill_mid_run_then_restart_ends_bit_identical(tmp_path):
     assert train_losses(run_dir) == train_losses(tmp_path / "ref")  # each step logged once, same values
 
 
+def test_divergence_saves_the_last_good_state_and_says_so_in_one_line(tmp_path):
+    (res,) = run_many([[*TINY, "--steps=40", "--lr=1e6", "--ckpt_every=3", "--log_every=1", f"--run_dir={tmp_path}"]])
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    found = re.search(r"training diverged: step (\d+): (the loss|a gradient) is not finite; the last good state "
+                      r"\(step (\d+)\) is saved", res.stderr)
+    assert found and int(found[3]) == int(found[1]) - 1, res.stderr
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert found[3] in saved and not [n for n in saved if "tmp" in n], saved
+    errors = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "error"]
+    assert [r["step"] for r in errors] == [int(found[1])]
+
+
 EIGHT = with_cpu_devices(8)
 
 
