@@ -20,6 +20,7 @@ second of one device, the same losses to float32 rounding).
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from absl import app, flags, logging
@@ -43,6 +44,7 @@ flags.DEFINE_string("coordinator_address", None, "--distributed: host:port of pr
 flags.DEFINE_integer("num_processes", None, "--distributed: number of processes (default: from the cluster).")
 flags.DEFINE_integer("process_id", None, "--distributed: this process's id (default: from the cluster).")
 FLAGS = flags.FLAGS
+EXIT_USAGE = 2  # a run directory in use, or a checkpoint this configuration cannot resume
 
 
 def resolved_flags() -> str:
@@ -89,21 +91,60 @@ def main(argv):
     print(f"[ssmgate] program {FLAGS.program}: {cfg}", flush=True)
     import jax
     from ssmgate.train.run_dir import RunDir
-    if jax.process_index() == 0:
-        RunDir(FLAGS.run_dir).write_text("flags.txt", resolved_flags())
+    from ssmgate.train.run_lock import RunDirBusy, RunLock
+    rd = RunDir(FLAGS.run_dir)
+    lock = RunLock(rd) if jax.process_index() == 0 else contextlib.nullcontext()
+    try:
+        with lock:
+            _run(program, cfg, rd)
+    except RunDirBusy as e:
+        print(f"[ssmgate] {e}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USAGE)
+    print(f"[ssmgate] done: {FLAGS.run_dir}/summary.json", flush=True)
+
+
+def _flag_changes(old: str, new: str) -> str:
+    """'--lr: 0.005 -> 0.01, ...' between two flags.txt texts."""
+    parse = lambda text: dict(line.split("=", 1) if "=" in line else (line, "") for line in text.splitlines() if line)
+    a, b = parse(old), parse(new)
+    return ", ".join(f"{k}: {a.get(k, '<unset>')} -> {b.get(k, '<unset>')}" for k in sorted(set(a) | set(b))
+                     if a.get(k) != b.get(k)) or "none"
+
+
+def _run(program, cfg, rd) -> None:
+    """Runs the program in a locked run directory; the new flags become flags.txt once the run
+    accepts them (a fresh run, or a checkpoint of the same configuration)."""
+    import jax
+    from ssmgate.train.checkpoint import CheckpointError
     from ssmgate.train.loop import TrainingDiverged
     from ssmgate.train.preemption import EXIT_PREEMPTED, Preempted
+    main_process = jax.process_index() == 0
+    flags_text, old = resolved_flags(), rd.file("flags.txt")
+    old_text = old.read_text() if main_process and old.exists() else None
+    if main_process:
+        rd.stage("flags.txt", flags_text)
+    refused = False
     try:
-        program.run(cfg, FLAGS.run_dir)
+        program.run(cfg, str(rd.path))
     except ConfigError as e:  # flags that only the running job can check (e.g. the mesh against its devices)
+        refused = True
         raise app.UsageError(str(e)) from None
+    except CheckpointError as e:  # a resume refused: the run directory keeps its own record
+        refused = True
+        changed = "" if old_text is None else f"; flags changed since {old}: {_flag_changes(old_text, flags_text)}"
+        print(f"[ssmgate] cannot resume: {e}{changed}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USAGE)
     except Preempted as e:  # SIGTERM/SIGINT: saved; a scheduler (launch/) requeues on this status
         print(f"[ssmgate] {e} (exit status {EXIT_PREEMPTED})", flush=True)
         sys.exit(EXIT_PREEMPTED)
     except TrainingDiverged as e:  # the message names the step, the quantity and the saved state
         print(f"[ssmgate] training diverged: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
-    print(f"[ssmgate] done: {FLAGS.run_dir}/summary.json", flush=True)
+    finally:
+        if main_process and refused:
+            rd.file("flags.txt.staged").unlink(missing_ok=True)
+        elif main_process:  # the loop promotes as soon as it accepts; programs without it end here
+            rd.promote("flags.txt")
 
 
 if __name__ == "__main__":

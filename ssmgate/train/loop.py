@@ -163,6 +163,8 @@ def run(run_dir: RunDir, cfg: LoopCfg, *, init_state: Callable[[], Any], abstrac
         dropped = run_dir.truncate_metrics(0) if main else 0
         if dropped:
             say(f"[{cfg.name}] no checkpoint: starting at step 0 (dropped {dropped} metrics lines of an earlier attempt)")
+    if main:
+        run_dir.promote("flags.txt")  # the configuration is accepted: its flags become the run's record
     peak = peak_flops()[0] if throughput is not None and throughput.model_flops_per_step else None
     logged_eval_at_start = any(r.get("kind") == "eval" and r.get("step") == start for r in run_dir.read_metrics()) \
         if main and start == cfg.steps else False

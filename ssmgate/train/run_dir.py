@@ -27,6 +27,9 @@ def _atomic_write(path: epath.Path, text: str) -> None:
     tmp.replace(path)
 
 
+STAGED = ".staged"
+
+
 def is_local(path: epath.Path) -> bool:
     return "://" not in str(path)
 
@@ -63,6 +66,19 @@ class RunDir:
     def write_text(self, name: str, text: str) -> epath.Path:
         _atomic_write(self.file(name), text)
         return self.file(name)
+
+    def stage(self, name: str, text: str) -> None:
+        """Writes `text` as `<name>.staged`, to replace `name` once the run is accepted (`promote`):
+        a resume that is refused must not overwrite the record of the run it refused."""
+        self.write_text(name + STAGED, text)
+
+    def promote(self, name: str) -> bool:
+        """Moves a staged `<name>.staged` into place; False if none was staged."""
+        staged = self.file(name + STAGED)
+        if not staged.exists():
+            return False
+        staged.replace(self.file(name))
+        return True
 
     def write_json(self, name: str, obj) -> epath.Path:
         return self.write_text(name, json.dumps(to_jsonable(obj), indent=2, sort_keys=True) + "\n")
