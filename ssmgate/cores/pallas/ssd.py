@@ -21,7 +21,11 @@ and dots require. Matmuls accumulate in float32; with `mm_dtype` (bf16/fp16 inpu
 the data products are cast to it, the segment sums and the state products stay float32.
 
 Backends: 'interpret' (Pallas' interpreter: any machine, the tests), 'gpu' (Triton lowering),
-'tpu' (Mosaic). None picks 'interpret' on CPU and the device's own otherwise.
+'tpu' (Mosaic). None (the cores' `algorithm="pallas"`) stages all three with
+`lax.platform_dependent` and lets the lowering platform choose: interpret on cpu (and any platform
+not named), Triton on cuda/rocm, Mosaic on tpu. The choice is made when the function is lowered,
+not from `jax.default_backend()` when it is traced, so `jax.export(..., platforms=["cuda"])` on a
+CPU-only machine lowers the Triton kernel and a jitted call on a GPU never sees the interpreter.
 """
 from __future__ import annotations
 
@@ -42,13 +46,28 @@ def _pow2_at_least(v: int, floor: int = MIN_TILE) -> int:
     return max(floor, 1 << (int(v) - 1).bit_length())
 
 
-def resolve_backend(backend: str | None) -> str:
-    if backend is None:
-        platform = jax.default_backend()
-        return {"gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}.get(platform, "interpret")
-    if backend not in BACKENDS:
+def resolve_backend(backend: str | None) -> str | None:
+    """The explicit backend, validated; None stays None (chosen per lowering platform)."""
+    if backend is not None and backend not in BACKENDS:
         raise ValueError(f"pallas_ssd: unknown backend {backend!r}; expected None or one of {BACKENDS}")
     return backend
+
+
+# Lowering platform -> kernel backend for backend=None; any other platform interprets (correct, slow).
+PLATFORM_BACKENDS = {"cpu": "interpret", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
+
+
+def _block_p_error(backend: str, block_p: int, P: int) -> str | None:
+    """Why block_p cannot be this backend's rows per program for the padded p = P (None if it can)."""
+    bp = int(block_p)
+    if bp < MIN_TILE or bp & (bp - 1) or P % bp or (backend == "tpu" and bp != P and bp % 128):
+        lanes = " that is the padded p or a multiple of 128 (TPU lanes)" if backend == "tpu" else ""
+        return f"expected a power of two >= {MIN_TILE} dividing the padded p = {P}{lanes}"
+    return None
+
+
+def _default_block_p(backend: str, P: int) -> int:
+    return min(P, 128 if backend == "tpu" else 64)
 
 
 def _compiler_params(backend: str):
@@ -285,13 +304,19 @@ def pallas_ssd(xs_bthp, logdecay_bth, B_btgn, C_btgn, h0_bhpn, chunk: int, xdiag
     q = _pow2_at_least(chunk)
     T = -(-t // q) * q
     P, N = _pow2_at_least(p), _pow2_at_least(n)
-    bp = min(P, 128 if backend == "tpu" else 64) if block_p is None else int(block_p)
-    if bp < MIN_TILE or bp & (bp - 1) or P % bp or (backend == "tpu" and bp != P and bp % 128):
-        lanes = " that is the padded p or a multiple of 128 (TPU lanes)" if backend == "tpu" else ""
-        raise ValueError(f"pallas_ssd: block_p = {block_p!r}; expected a power of two >= {MIN_TILE} "
-                         f"dividing the padded p = {P}{lanes}")
+    if block_p is not None:
+        # An explicit backend is held to its rule; with backend=None the Triton/interpret rule is, and
+        # the TPU branch below replaces a block_p Mosaic cannot tile by its default (same result).
+        error = _block_p_error(backend or "gpu", block_p, P)
+        if error:
+            raise ValueError(f"pallas_ssd: block_p = {block_p!r}; {error}")
     mm = None if mm_dtype is None else jnp.dtype(mm_dtype)
-    cfg = (q, bp, backend, acc, mm)
+
+    def run_on(kernel_backend):
+        bp = block_p
+        if bp is None or _block_p_error(kernel_backend, bp, P):
+            bp = _default_block_p(kernel_backend, P)
+        return _kernel_fn((q, int(bp), kernel_backend, acc, mm), xdiag_bthp is not None)
 
     def heads_first(arr, channels):          # (b, t, k, c) -> (b, k, T, C): padded, head-major
         return pad_axis(pad_axis(jnp.swapaxes(arr, 1, 2), 2, T), 3, channels)
@@ -301,6 +326,12 @@ def pallas_ssd(xs_bthp, logdecay_bth, B_btgn, C_btgn, h0_bhpn, chunk: int, xdiag
               pad_axis(pad_axis(h0_bhpn.astype(acc), 2, P), 3, N)]
     if xdiag_bthp is not None:
         arrays.append(heads_first(xdiag_bthp.astype(acc), P))
-    y, hT = _kernel_fn(cfg, xdiag_bthp is not None)(*arrays)
+    if backend is not None:
+        y, hT = run_on(backend)(*arrays)
+    else:
+        # One branch per kernel backend (the same callable for cuda and rocm, so they share one; cpu
+        # is the interpreting default); lowering keeps only the lowering platform's branch.
+        kernels = {kb: run_on(kb) for kb in sorted(set(PLATFORM_BACKENDS.values()))}
+        branches = {platform: kernels[kb] for platform, kb in PLATFORM_BACKENDS.items() if kb != "interpret"}
+        y, hT = lax.platform_dependent(*arrays, default=kernels["interpret"], **branches)
     return jnp.swapaxes(y[:, :, :t, :p], 1, 2), hT[:, :, :p, :n]
-
