@@ -51,6 +51,7 @@ from ssmgate.tasks.synthetic_lm import LMBatch
 from ssmgate.tasks.tokenizers import load_tokenizer
 from ssmgate.train import loop, mesh as meshlib, optim, sweep
 from ssmgate.train.run_dir import RunDir, say
+from ssmgate.train.throughput import Throughput
 from ssmgate.train.writers import plot_curves
 
 
@@ -237,7 +238,8 @@ def train(cfg: P2LMCfg, rd: RunDir, data: TextData):
     meta = {"config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str))}
     result = loop.run(rd, cfg.loop, init_state=built.init_state, abstract_state=built.abstract, step_fn=built.step,
                       batch_fn=built.batch_fn, eval_fn=_validation_fn(built.model, data, text), meta=meta,
-                      fingerprint=cfg.fingerprint())
+                      fingerprint=cfg.fingerprint(),
+                      throughput=Throughput.for_lm(presets.param_count(cfg.model), text.batch, text.seq_len))
     return result.state.params, result
 
 
