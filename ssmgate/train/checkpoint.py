@@ -12,8 +12,9 @@ arrays, `StandardSave`) and `meta` (JSON: config fingerprint, flags, replica inf
   never listed, and is removed the next time a `Checkpointer` opens the directory.
 - `restore` takes an abstract target (ShapeDtypeStructs carrying the shardings of the *current*
   mesh), so a checkpoint written on one device count restores onto another.
-- A checkpoint that cannot be read is skipped with a warning and the previous one is used; the
-  unreadable ones are renamed `<step>.unreadable` so the resumed run can write those steps again.
+- Every array leaf's checksum (train/checksums.py) is stored in `meta` and verified on restore.
+- A checkpoint that cannot be read, or whose arrays fail their checksums, is skipped with a
+  warning and the previous one is used; the unreadable ones are renamed `<step>.unreadable` so the resumed run can write those steps again.
   A checkpoint that reads fine but does not fit the target or the config raises instead: falling
   back would silently resume from the wrong run.
 - Typed PRNG keys (`jax.random.key`) round-trip: orbax stores their uint32 key data and the impl.
@@ -28,6 +29,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from ssmgate.train.checksums import mismatches, state_checksums
 from ssmgate.train.run_dir import to_jsonable
 from ssmgate.tree_paths import path_str
 
@@ -134,7 +136,7 @@ class Checkpointer:
         if step in self.steps():
             log.debug("checkpoint step %d already in %s; not saving again", step, self.directory)
             return
-        meta = _jsonable(meta, f"meta for checkpoint step {step}")
+        meta = dict(_jsonable(meta, f"meta for checkpoint step {step}"), checksums=state_checksums(state))
         self._manager.save(step, force=True, args=ocp.args.Composite(
             **{STATE: ocp.args.StandardSave(state), META: ocp.args.JsonSave(meta)}))
         if wait or not self.async_save:
@@ -170,6 +172,11 @@ class Checkpointer:
                 self._check_fits(s, abstract)
                 state = self._manager.restore(s, args=ocp.args.Composite(
                     **{STATE: ocp.args.StandardRestore(abstract)}))[STATE]
+                meta = dict(meta)
+                bad = mismatches(meta.pop("checksums", {}), state)  # checkpoints before 2026-12-03 have none
+                if bad:
+                    raise ValueError(f"checksum mismatch in {len(bad)} leaves ({', '.join(bad[:3])}): the data "
+                                     f"files changed after they were written")
             except CheckpointError:
                 raise
             except Exception as e:  # anything else means the files could not be read
