@@ -113,6 +113,7 @@ class P2LMCfg:
         try:
             self.text.validate()
             self.long_eval.validate()
+            meshlib.check_batch(self.text.batch, self.mesh.data)  # -1 (all devices): checked by train()
         except ValueError as e:
             raise ConfigError(f"--{e}") from None
         # A tokenizer file is opened (and its vocabulary checked) when the run loads its data.
@@ -227,6 +228,7 @@ def train(cfg: P2LMCfg, rd: RunDir, data: TextData):
     """The training loop: (params, loop result)."""
     try:
         mesh = meshlib.make_mesh(cfg.mesh)
+        meshlib.check_batch(cfg.text.batch, mesh.shape["data"])
     except ValueError as e:
         raise ConfigError(str(e)) from None
     text = cfg.text

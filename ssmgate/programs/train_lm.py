@@ -65,6 +65,10 @@ class TrainLMCfg:
             raise ConfigError(f"--sweep_offsets: gate offsets act on Mamba-2's A_log; --block={self.model.block} has none")
         if self.eval_batches < 1:
             raise ConfigError(f"--eval_batches={self.eval_batches}: expected >= 1")
+        try:
+            meshlib.check_batch(self.task.batch, self.mesh.data)  # -1 (all devices): checked by run()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         return self
 
 
@@ -94,6 +98,7 @@ def run(cfg: TrainLMCfg, run_dir: str) -> dict:
     rd = RunDir(run_dir)
     try:
         mesh = meshlib.make_mesh(cfg.mesh)
+        meshlib.check_batch(cfg.task.batch, mesh.shape["data"])
     except ValueError as e:  # the mesh flags against the devices this run has
         raise ConfigError(str(e)) from None
     built = build(cfg, mesh)

@@ -5,6 +5,8 @@ and the loop's cadence. `--task` is a string each program checks against its own
 """
 from __future__ import annotations
 
+import math
+
 from absl import flags
 
 from ssmgate.models import presets
@@ -53,6 +55,8 @@ def model_cfg(base: ModelCfg | None = None) -> ModelCfg:
 
 
 def optim_cfg(lr: float, steps: int) -> optim.OptimCfg:
+    if not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"--steps={steps}: expected an integer >= 1 (the training steps)")
     return dataclass_flags.build(optim.OptimCfg, optim.OptimCfg(lr=lr, total_steps=steps), prefix="opt_",
                                  skip=("lr", "total_steps"))
 
@@ -91,6 +95,7 @@ def learning_rates(lr: float | None) -> list[float]:
         raise ConfigError(str(e) if str(e).startswith("--") else f"--{e}") from None
     if not lrs:
         raise ConfigError("--sweep_lrs or --lr is required")
-    if any(v <= 0 for v in lrs):
-        raise ConfigError(f"--sweep_lrs={FLAGS.sweep_lrs}: expected positive learning rates")
+    if any(not math.isfinite(v) or v <= 0 for v in lrs):
+        given = f"--sweep_lrs={FLAGS.sweep_lrs}" if FLAGS.sweep_lrs else f"--lr={lr}"
+        raise ConfigError(f"{given}: expected positive, finite learning rates")
     return lrs

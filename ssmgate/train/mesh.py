@@ -104,6 +104,13 @@ class MeshCfg:
         return r, d, m
 
 
+def check_batch(batch: int, data: int) -> None:
+    """A global batch must split evenly over the `data` axis (each device its own rows)."""
+    if data > 0 and batch % data:
+        raise ValueError(f"--batch={batch} does not split over the data axis of {data} devices "
+                         f"(--mesh_data={data}): expected a multiple of {data}")
+
+
 def make_mesh(cfg: MeshCfg, devices=None) -> Mesh:
     devices = list(jax.devices() if devices is None else devices)
     sizes = cfg.axis_sizes(len(devices))

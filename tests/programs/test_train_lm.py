@@ -43,6 +43,11 @@ BAD_FLAGS = [
     (["--d_modle=3"], "Unknown command line flag 'd_modle'"),
     (["--steps=abc"], "flag --steps=abc"),
     (["--sweep_lrs=1e-3,-1"], "--sweep_lrs=1e-3,-1"),
+    (["--steps=0"], "--steps=0: expected an integer >= 1"),
+    (["--lr=0"], "--lr=0.0: expected positive, finite"),
+    (["--lr=nan"], "--lr=nan: expected positive, finite"),
+    (["--lr=inf"], "--lr=inf: expected positive, finite"),
+    (["--batch=9", "--mesh_data=2"], "--batch=9 does not split over the data axis of 2 devices"),
 ]
 
 
