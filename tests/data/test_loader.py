@@ -34,6 +34,16 @@ def test_the_stream_is_read_exactly_anywhere(prepared):
         store.read(len(stream) - 5, len(stream) + 1)
 
 
+def test_few_readers_stay_open_however_many_shards_are_read(prepared):
+    store, stream = prepared
+    few = TokenStore(store.directory, max_open=2)
+    starts = np.random.default_rng(1).integers(0, len(stream) - 100, size=40)
+    for start in starts:  # one window at a time: every read may need another shard
+        np.testing.assert_array_equal(few.read(start, start + 100), stream[start:start + 100])
+        assert len(few._records._open) <= 2
+    assert len(store.manifest["shards"]) > 4
+
+
 def test_batches_are_byte_identical_to_the_packers(prepared):
     store, stream = prepared
     loader = ld.Loader(store, SEQ_LEN, BATCH, SEED, prefetch=0)
