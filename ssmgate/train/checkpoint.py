@@ -43,6 +43,10 @@ class CheckpointError(Exception):
     """No checkpoint can be restored, or a checkpoint does not fit this run."""
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, no permission, ...); earlier ones are intact."""
+
+
 def _registry() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
     reg = ocp.handlers.DefaultCheckpointHandlerRegistry()
     for item, args in [(STATE, ocp.args.StandardSave), (STATE, ocp.args.StandardRestore),
@@ -137,10 +141,14 @@ class Checkpointer:
             log.debug("checkpoint step %d already in %s; not saving again", step, self.directory)
             return
         meta = dict(_jsonable(meta, f"meta for checkpoint step {step}"), checksums=state_checksums(state))
-        self._manager.save(step, force=True, args=ocp.args.Composite(
-            **{STATE: ocp.args.StandardSave(state), META: ocp.args.JsonSave(meta)}))
-        if wait or not self.async_save:
-            self._manager.wait_until_finished()
+        try:
+            self._manager.save(step, force=True, args=ocp.args.Composite(
+                **{STATE: ocp.args.StandardSave(state), META: ocp.args.JsonSave(meta)}))
+            if wait or not self.async_save:
+                self._manager.wait_until_finished()
+        except Exception as e:  # orbax writes into a tmp directory first: the finished steps stay as they were
+            raise CheckpointWriteError(f"cannot write checkpoint step {step} to {self.directory} ({_short(e)}); "
+                                       f"the checkpoints already there ({self.steps()}) are intact") from e
 
     def steps(self) -> list[int]:
         return sorted(self._manager.all_steps())

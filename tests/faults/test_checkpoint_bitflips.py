@@ -66,3 +66,22 @@ def test_checksums_see_one_bit_and_a_swap_and_ignore_the_sharding():
     assert checksums.mismatches(base, {"x": placed}) == []
     mixed = {"b": x.astype(jnp.bfloat16), "k": jax.random.key(3), "m": x > 3}
     assert checksums.mismatches(checksums.state_checksums(mixed), mixed) == []
+
+
+def test_a_failed_write_names_the_step_and_leaves_earlier_checkpoints_intact(tmp_path, monkeypatch):
+    from ssmgate.train.checkpoint import CheckpointWriteError
+    path = tmp_path / "checkpoints"
+    with Checkpointer(path) as ckpt:
+        ckpt.save(1, state_at(1), meta={"fingerprint": "f"}, force=True)
+        real_write = type(ckpt._manager).save
+
+        def disk_full(self, *args, **kwargs):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(type(ckpt._manager), "save", disk_full)
+        with pytest.raises(CheckpointWriteError, match=r"cannot write checkpoint step 2 .*No space left.*\(\[1\]\) are intact"):
+            ckpt.save(2, state_at(2), meta={"fingerprint": "f"}, force=True)
+        monkeypatch.setattr(type(ckpt._manager), "save", real_write)
+    with Checkpointer(path) as ckpt:
+        step, state, _ = ckpt.restore(jax.eval_shape(lambda: state_at(0)))
+    assert step == 1 and leaves_equal(state, state_at(1))
