@@ -1,6 +1,8 @@
-"""`python -m ssmgate.bench cores|sweep|fig1_sweeps|ssd_ceiling|data|nan_check [flags]`: dispatches to the named benchmark.
+"""`python -m ssmgate.bench cores|device_check|sweep|fig1_sweeps|ssd_ceiling|data|nan_check [flags]`: dispatches to the named benchmark.
 
 cores: the recurrent cores' algorithms (with --backend=gpu|tpu the Pallas device benchmark);
+device_check: the budgeted accelerator check of issue #39 against upstream's Triton kernels
+(ssmgate.bench.device_check, launch/device_check.sh);
 sweep: vmapped training sweeps of language models and training throughput (ssmgate.bench.train);
 fig1_sweeps: the P1 Figure 1 grids as one program; ssd_ceiling: the least time the chunked form's
 matmuls take on this machine (ssmgate.bench.ceiling); data: the sharded text pipeline's tokenization,
@@ -14,7 +16,7 @@ import sys
 
 from absl import app
 
-BENCHMARKS = {"cores": "ssmgate.bench.cores", "sweep": "ssmgate.bench.train", "fig1_sweeps": "ssmgate.bench.sweeps",
+BENCHMARKS = {"cores": "ssmgate.bench.cores", "device_check": "ssmgate.bench.device_check", "sweep": "ssmgate.bench.train", "fig1_sweeps": "ssmgate.bench.sweeps",
               "ssd_ceiling": "ssmgate.bench.ceiling", "data": "ssmgate.bench.data",
               "nan_check": "ssmgate.bench.nan_check"}
 
