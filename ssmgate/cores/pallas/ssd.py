@@ -293,8 +293,11 @@ def pallas_ssd(xs_bthp, logdecay_bth, B_btgn, C_btgn, h0_bhpn, chunk: int, xdiag
     h0 (b, h, p, n); xdiag optional (b, t, h, p), adds (C_t . B_t) xdiag_t to y_t. chunk: tokens
     per chunk (rounded up to a power of two >= 16). block_p: state rows per program, a power of
     two >= 16 dividing the padded p (default min(64, padded p); on TPU, whose tiles are 128 lanes
-    wide, the padded p or a multiple of 128: default min(128, padded p)). mm_dtype: operand dtype of the data matmuls (e.g.
-    jnp.bfloat16 for bf16 models), None for the compute dtype at full precision.
+    wide, the padded p or a multiple of 128: default min(128, padded p); with backend=None a
+    block_p Mosaic cannot tile falls back to that default on TPU only). mm_dtype: operand dtype of
+    the data matmuls (e.g. jnp.bfloat16 for bf16 models), None for the compute dtype at full
+    precision. backend: None (the kernel of the platform this is lowered for, see the module
+    docstring) or one of BACKENDS for that kernel alone.
     Returns y (b, t, h, p) and the final state (b, h, p, n), in the compute dtype of xs.
     """
     backend = resolve_backend(backend)
