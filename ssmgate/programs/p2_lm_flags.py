@@ -28,7 +28,8 @@ flags.DEFINE_integer("eval_batch", _T.eval_batch, "Validation rows per forward p
 flags.DEFINE_integer("max_train_tokens", None, "Cut the training token stream here (default: all of it).")
 flags.DEFINE_integer("max_valid_tokens", None, "Cut the validation token stream here (SPEC 7.1: a 50M-token slice).")
 flags.DEFINE_integer("max_eval_books", None, "Use only the first N long-context books.")
-flags.DEFINE_string("token_cache_dir", None, "Cache token streams here as .npy (default: tokenize every run).")
+flags.DEFINE_string("token_cache_dir", None, "Keep the training split's token shards and the validation stream here "
+                    "(default: tokenize every run).")
 flags.DEFINE_list("lm_windows", [str(c) for c in _E.windows], "Window sizes C of the SPEC 7.2 evaluation.")
 flags.DEFINE_integer("score_last", _E.score_last, "Tokens scored at the end of each window (SPEC 7.2: 100).")
 flags.DEFINE_integer("piece_len", _E.piece_len, "Tokens per forward piece of a window (the state carries over).")
