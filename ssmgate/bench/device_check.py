@@ -175,7 +175,9 @@ def _cell(v, fmt="{:.2f}") -> str:
 def markdown(result: dict) -> str:
     m = result
     peak, bw = m.get("bf16_flops"), m.get("bandwidth")
-    head = (f"Measured {m['date']} on `{m['device_kind']}` ({m['backend']}), jax {m['jax']}"
+    dry = m.get("settings", {}).get("name") == "dry"
+    head = (("**--dry: toy sizes, not a measurement.** " if dry else "")
+            + f"Measured {m['date']} on `{m['device_kind']}` ({m['backend']}), jax {m['jax']}"
             + (f", torch {m['torch']}, triton {m['triton']}" if m.get("torch") else "")
             + (f", upstream mamba_ssm {m['upstream_commit'][:10]}" if m.get("upstream_commit") else "")
             + (f"; bf16 matmul {peak / 1e12:.1f} TFLOP/s, copy {bw / 1e12:.2f} TB/s (measured)" if peak and bw else "")
@@ -436,10 +438,13 @@ class Check:
                 self.report.auto_table[core] = classes
                 table = dict(auto.load_table())
                 table[backend] = {**table.get(backend, {}), **self.report.auto_table}
-                (self.report.out / "auto_table.json").write_text(json.dumps(table, indent=1) + "\n")
-                self.report.note(f"auto: {core} measured in every class; {self.report.out}/auto_table.json holds "
-                                 f"the repository table with {backend!r} added (copy it to "
-                                 "ssmgate/cores/auto_table.json and commit it)")
+                # a --dry table (toy sizes) gets another name, so that nobody commits it by mistake
+                name = "auto_table.json" if self.s.name == "device" else "auto_table.dry.json"
+                (self.report.out / name).write_text(json.dumps(table, indent=1) + "\n")
+                self.report.note(f"auto: {core} measured in every class; {self.report.out}/{name} holds the "
+                                 f"repository table with {backend!r} added"
+                                 + (" (copy it to ssmgate/cores/auto_table.json and commit it)"
+                                    if self.s.name == "device" else " (toy sizes of --dry: not for committing)"))
                 self.report.flush()
 
 

@@ -43,11 +43,12 @@ def test_speed_and_auto_rows_with_upstream_missing(tmp_path, monkeypatch):
     assert any("launch/fetch_upstream.sh" in n for n in result["notes"])
     entry = result["auto_table"]["rotation"][0]
     assert entry["max_t"] is None and {e["algorithm"] for e in entry["timings"]} == {"chunked", "pallas"}
-    table = json.loads((tmp_path / "auto_table.json").read_text())
-    assert table["cpu"]["rotation"] == result["auto_table"]["rotation"]
+    table = json.loads((tmp_path / "auto_table.dry.json").read_text())   # toy sizes: not auto_table.json
+    assert table["cpu"]["rotation"] == result["auto_table"]["rotation"] and not (tmp_path / "auto_table.json").exists()
     written, md = _files(tmp_path)
     assert written["rows"] == json.loads(json.dumps(result["rows"], default=str))
     assert md.count("\n| speed | rotation |") == 6 and "| auto | rotation |" in md
+    assert md.startswith("**--dry: toy sizes, not a measurement.**")
     assert "fetch_upstream.sh" in md and "interrupted" not in md
 
 
