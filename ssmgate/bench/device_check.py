@@ -50,7 +50,7 @@ from ssmgate.cores import auto
 
 FLAGS = flags.FLAGS
 flags.DEFINE_float("budget_s", 300.0, "Seconds this check may take: no item starts whose estimated cost does "
-                   "not fit in what is left (the launcher kills it 60 s after).", lower_bound=0.0)
+                   "not fit in what is left (the launcher stops it 45 s after).", lower_bound=0.0)
 flags.DEFINE_bool("dry", False, "Toy sizes on any machine (CPU: the kernels interpret); for the tests.")
 flags.DEFINE_list("parts", ["check", "speed", "train", "auto"], "Parts to run, in this order (the roofline "
                   "is always measured first).")
@@ -64,7 +64,8 @@ CORES = ("scalar_decay", "rotation")
 PARTS = ("check", "speed", "train", "auto")
 UPSTREAM_NAMES = {"scalar_decay": "mamba_chunk_scan_combined", "rotation": "mamba3_siso_combined"}
 # Estimated seconds of one item on an H200 (compilation included; upstream's first call autotunes
-# its Triton configs). Guesses until a device run measures them: the JSON records each item's time.
+# its Triton configs). Guesses until a device run measures them: each row of the JSON records the
+# seconds since the previous row (`since_previous_s`).
 ESTIMATES = {"check": 20.0, "speed": 8.0, "upstream": 45.0, "train": 100.0, "auto": 10.0}
 CHECK_TOL = {"float32": {"y": 1e-4, "state": 1e-4, "grad": 1e-3},
              "bfloat16": {"y": 3e-2, "state": 3e-2, "grad": 5e-2}}
@@ -140,12 +141,16 @@ class Report:
         self.out.mkdir(parents=True, exist_ok=True)
         self.meta, self.rows, self.notes, self.log = meta, [], [], log
         self.auto_table = {}
+        self._last = time.monotonic()
 
     def add(self, row: dict | None = None, **fields) -> dict:
         """Appends `row` (the same dict: later changes to it reach the files at the next flush) with
         `fields` added; rewrites the files."""
         row = row if row is not None else {}
         row.update(fields)
+        now = time.monotonic()
+        row["since_previous_s"] = now - self._last      # ~ the item's cost, compilation included:
+        self._last = now                                 # what ESTIMATES should be calibrated on
         self.rows.append(row)
         self.log(f"[device_check] {row['part']:8s} {row.get('core', ''):13s} {row.get('item', '')}: {row['result']}")
         self.flush()
