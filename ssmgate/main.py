@@ -8,7 +8,9 @@ lines, and later flags override earlier ones. `--dry_run` prints the resolved co
 
 On a multi-host pod pass `--distributed`: `jax.distributed.initialize()` joins the hosts first
 (coordinator, process count and id from the cluster environment on TPU VMs and SLURM, or from
-`--coordinator_address/--num_processes/--process_id`).
+`--coordinator_address/--num_processes/--process_id`, whose defaults the environment variables
+SSMGATE_COORDINATOR_ADDRESS, SSMGATE_NUM_PROCESSES and SSMGATE_PROCESS_ID may set: for hosts that
+JAX's cluster detection does not know, such as the simulated pods of tests/launch/).
 
 SIGTERM (a scheduler's preemption notice) or SIGINT saves a checkpoint after the current step and
 exits with status 75 (`ssmgate.train.preemption.EXIT_PREEMPTED`); the same command resumes.
@@ -21,6 +23,7 @@ second of one device, the same losses to float32 rounding).
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 
 from absl import app, flags, logging
@@ -40,9 +43,12 @@ flags.DEFINE_integer("cpu_devices", None, "Split the host CPU into this many XLA
                      "(JAX's jax_num_cpu_devices), e.g. 2 with --mesh_replica=2 to run a "
                      "sweep's replicas on two cores side by side; default: XLA's one CPU device.")
 flags.DEFINE_boolean("distributed", False, "Call jax.distributed.initialize() first (multi-host runs).")
-flags.DEFINE_string("coordinator_address", None, "--distributed: host:port of process 0 (default: from the cluster).")
-flags.DEFINE_integer("num_processes", None, "--distributed: number of processes (default: from the cluster).")
-flags.DEFINE_integer("process_id", None, "--distributed: this process's id (default: from the cluster).")
+flags.DEFINE_string("coordinator_address", None, "--distributed: host:port of process 0 "
+                    "(default: $SSMGATE_COORDINATOR_ADDRESS, else from the cluster).")
+flags.DEFINE_integer("num_processes", None, "--distributed: number of processes "
+                     "(default: $SSMGATE_NUM_PROCESSES, else from the cluster).")
+flags.DEFINE_integer("process_id", None, "--distributed: this process's id "
+                     "(default: $SSMGATE_PROCESS_ID, else from the cluster).")
 FLAGS = flags.FLAGS
 EXIT_USAGE = 2  # a run directory in use, or a checkpoint this configuration cannot resume
 
@@ -56,10 +62,33 @@ def resolved_flags() -> str:
     return "\n".join(lines) + "\n"
 
 
+# Environment defaults of the --distributed flags. Real TPU VMs and SLURM need none (JAX reads the
+# cluster); a launcher or simulation that knows the values where JAX cannot look sets them.
+DISTRIBUTED_ENV = {"coordinator_address": "SSMGATE_COORDINATOR_ADDRESS", "num_processes": "SSMGATE_NUM_PROCESSES",
+                   "process_id": "SSMGATE_PROCESS_ID"}
+
+
+def _distributed_args(environ=os.environ) -> dict:
+    """--coordinator_address/--num_processes/--process_id, each from its flag, else its DISTRIBUTED_ENV
+    variable, else None (JAX's cluster detection)."""
+    args = {}
+    for name, var in DISTRIBUTED_ENV.items():
+        value, raw = FLAGS[name].value, environ.get(var, "")
+        if value is None and raw:
+            if name != "coordinator_address":
+                if not raw.isdigit():
+                    raise app.UsageError(f"{var}={raw!r} (the default of --{name}): expected an integer >= 0")
+                raw = int(raw)
+            value = raw
+        args[name] = value
+    return args
+
+
 def _initialize_distributed() -> None:
     import jax
-    jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
-                               num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
+    # On CPU, cross-process collectives go through gloo, jax 0.10's default
+    # (jax_cpu_collectives_implementation): the simulated pods of tests/launch/ run on it.
+    jax.distributed.initialize(**_distributed_args())
     print(f"[ssmgate] process {jax.process_index()}/{jax.process_count()}: "
           f"{jax.local_device_count()} local of {jax.device_count()} devices", flush=True)
 
