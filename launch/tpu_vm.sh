@@ -1,34 +1,55 @@
 #!/usr/bin/env bash
-# A Cloud TPU VM (single or multi-host) for one experiment, in four steps:
+# A Cloud TPU VM (single or multi-host) for one experiment:
 #   launch/tpu_vm.sh create NAME ZONE [ACCELERATOR=v4-8] [VERSION=tpu-ubuntu2204-base]
-#   launch/tpu_vm.sh copy   NAME ZONE            # this checkout -> ~/ssmgate on every worker, then installs it
-#   launch/tpu_vm.sh run    NAME ZONE FLAGFILE RUN_DIR [extra --flags ...]
+#   launch/tpu_vm.sh copy   NAME ZONE            # git HEAD -> ~/ssmgate on every worker, then a Python 3.11 .venv
+#   launch/tpu_vm.sh run    NAME ZONE FLAGFILE RUN_DIR [extra --flags ...]   # detached on every worker
+#   launch/tpu_vm.sh status NAME ZONE            # per worker: running / exited with status S, last log line
+#   launch/tpu_vm.sh stop   NAME ZONE [GRACE_S=300]   # SIGTERM: the run saves and exits 75
 #   launch/tpu_vm.sh fetch  NAME ZONE RUN_DIR [LOCAL_DIR=runs/]
-# `run` starts `python -m ssmgate.main --distributed` on --worker=all: every host calls
-# jax.distributed.initialize() (the TPU runtime supplies coordinator and process ids). RUN_DIR
+# `copy` ships `git archive HEAD` (commit first) and runs launch/tpu_worker.sh setup on every worker:
+# uv builds ~/ssmgate/.venv with Python 3.11 and installs ssmgate with constraints.txt and jax[tpu]
+# pinned to its jax version (TPU_ENV_SETUP="..." replaces that command, e.g. for an offline image).
+# `run` starts `python -m ssmgate.main --distributed` on --worker=all, detached from the ssh session
+# (a dropped connection does not end it); every host calls jax.distributed.initialize() (the TPU
+# runtime supplies coordinator and process ids) and logs to RUN_DIR/logs/worker-<i>.log. RUN_DIR
 # must be one directory every worker sees (a GCS FUSE or NFS mount): orbax writes one checkpoint
-# from all hosts and process 0 writes metrics and summary. DRY=1 prints the gcloud commands only.
+# from all hosts and process 0 writes metrics and summary. `run` again with the same RUN_DIR resumes
+# from the last checkpoint. DRY=1 prints the gcloud commands only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage() { sed -n '2,6p' "$0" | sed 's/^# //' >&2; exit 2; }
+usage() { sed -n '2,8p' "$0" | sed 's/^# //' >&2; exit 2; }
 [[ $# -ge 3 ]] || usage
 action=$1 name=$2 zone=$3; shift 3
 say_run() { echo "[tpu_vm] $*"; [[ ${DRY:-0} == 1 ]] || "$@"; }
 ssh_all() { say_run gcloud compute tpus tpu-vm ssh "$name" --zone="$zone" --worker=all --command="$1"; }
+worker() { printf 'cd ~/ssmgate && bash launch/tpu_worker.sh'; printf ' %q' "$@"; }
 case $action in
   create)
     say_run gcloud compute tpus tpu-vm create "$name" --zone="$zone" \
       --accelerator-type="${1:-v4-8}" --version="${2:-tpu-ubuntu2204-base}" ;;
   copy)
-    archive=$(mktemp -d)/ssmgate.tar.gz
-    git archive --format=tar.gz -o "$archive" HEAD
-    say_run gcloud compute tpus tpu-vm scp "$archive" "$name":~/ssmgate.tar.gz --zone="$zone" --worker=all
-    ssh_all "mkdir -p ~/ssmgate && tar -xzf ~/ssmgate.tar.gz -C ~/ssmgate && cd ~/ssmgate && \
-      python3 -m pip install -q -c constraints.txt -e . && python3 -m pip install -q 'jax[tpu]'" ;;
+    if [[ -n $(git status --porcelain --untracked-files=no 2>/dev/null) ]]; then
+      echo "[tpu_vm] warning: uncommitted changes are not shipped (copy sends git HEAD, $(git rev-parse --short HEAD))" >&2
+    fi
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    [[ ${DRY:-0} == 1 ]] || git archive --format=tar.gz -o "$tmp/ssmgate.tar.gz" HEAD
+    say_run gcloud compute tpus tpu-vm scp "$tmp/ssmgate.tar.gz" "$name":~/ssmgate.tar.gz --zone="$zone" --worker=all
+    # A fresh tree each time (files deleted since the last copy go), keeping .venv to save the install.
+    setup_env=
+    [[ -n ${TPU_ENV_SETUP:-} ]] && setup_env="TPU_ENV_SETUP=$(printf '%q' "$TPU_ENV_SETUP") "
+    ssh_all "mkdir -p ~/ssmgate && find ~/ssmgate -mindepth 1 -maxdepth 1 ! -name .venv -exec rm -rf {} + \
+&& tar -xzf ~/ssmgate.tar.gz -C ~/ssmgate && cd ~/ssmgate && ${setup_env}bash launch/tpu_worker.sh setup" ;;
   run)
     [[ $# -ge 2 ]] || usage
     flagfile=$1 run_dir=$2; shift 2
-    ssh_all "cd ~/ssmgate && python3 -m ssmgate.main --distributed --flagfile=$flagfile --run_dir=$run_dir $*" ;;
+    [[ -f $flagfile ]] || { echo "[tpu_vm] flag file $flagfile not found (expected a path relative to the repository)" >&2; exit 2; }
+    ssh_all "$(worker start "$run_dir" "$flagfile" "$@")"
+    echo "[tpu_vm] started; follow with: launch/tpu_vm.sh status $name $zone   (logs: $run_dir/logs/worker-<i>.log)" ;;
+  status)
+    ssh_all "$(worker status)" ;;
+  stop)
+    ssh_all "$(worker stop "${1:-300}")" ;;
   fetch)
     [[ $# -ge 1 ]] || usage
     say_run gcloud compute tpus tpu-vm scp --recurse "$name:$1" "${2:-runs/}" --zone="$zone" --worker=0 ;;
