@@ -35,10 +35,13 @@ case $action in
     trap 'rm -rf "$tmp"' EXIT
     [[ ${DRY:-0} == 1 ]] || git archive --format=tar.gz -o "$tmp/ssmgate.tar.gz" HEAD
     say_run gcloud compute tpus tpu-vm scp "$tmp/ssmgate.tar.gz" "$name":~/ssmgate.tar.gz --zone="$zone" --worker=all
-    # A fresh tree each time (files deleted since the last copy go), keeping .venv to save the install.
+    # A fresh tree each time (files deleted since the last copy go), keeping .venv to save the install;
+    # never under a running program.
     setup_env=
     [[ -n ${TPU_ENV_SETUP:-} ]] && setup_env="TPU_ENV_SETUP=$(printf '%q' "$TPU_ENV_SETUP") "
-    ssh_all "mkdir -p ~/ssmgate && find ~/ssmgate -mindepth 1 -maxdepth 1 ! -name .venv -exec rm -rf {} + \
+    ssh_all "r=~/.ssmgate-run; if [ -f \$r/pid ] && [ ! -f \$r/exit ] && kill -0 \$(cat \$r/pid) 2>/dev/null; then \
+echo \"a run is going on this worker (pid \$(cat \$r/pid)): launch/tpu_vm.sh stop first\" >&2; exit 1; fi \
+&& mkdir -p ~/ssmgate && find ~/ssmgate -mindepth 1 -maxdepth 1 ! -name .venv -exec rm -rf {} + \
 && tar -xzf ~/ssmgate.tar.gz -C ~/ssmgate && cd ~/ssmgate && ${setup_env}bash launch/tpu_worker.sh setup" ;;
   run)
     [[ $# -ge 2 ]] || usage
