@@ -66,12 +66,17 @@ def launch(args, env, ok=True) -> str:
     return out
 
 
-def wait_for(predicate, what: str, timeout=TIMEOUT_S, poll=0.05):
+def wait_for(predicate, what: str, ended=lambda: None, timeout=TIMEOUT_S, poll=0.05):
+    """predicate()'s first true value; fails at once with the text of ended() once that is not None
+    (the run ended without it), or after `timeout` seconds."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         value = predicate()
         if value:
             return value
+        text = ended()
+        if text is not None:
+            raise AssertionError(f"the run ended before {what}:\n{text[-4000:]}")
         time.sleep(poll)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
@@ -115,7 +120,8 @@ def test_slurm_job_preempted_mid_run_saves_requeues_and_resumes_bit_identically(
     try:
         job_dir = tmp_path / "jobs" / "1000"
         output = run_dir / "slurm-1000.out"
-        wait_for(lambda: last_step(output) >= 8, "step 8 of the first start")
+        wait_for(lambda: last_step(output) >= 8, "step 8 of the first start",
+                 ended=lambda: None if proc.poll() is None else output.read_text())
         # the scheduler's notice before the time limit (--signal=TERM@120): SIGTERM to every task
         for pid_file in (job_dir / "tasks").glob("*.pid"):
             os.kill(int(pid_file.read_text()), signal.SIGTERM)
@@ -157,7 +163,8 @@ def test_tpu_vm_worker_killed_mid_run_then_stop_and_run_again_resumes_bit_identi
         assert "[worker 0] started pid" in out and "[worker 1] started pid" in out, out
         assert "[worker 0] running" in launch(["launch/tpu_vm.sh", "status", *vm], env)
         log0 = run_dir / "logs" / "worker-0.log"
-        wait_for(lambda: last_step(log0) >= 8, "step 8 in worker-0.log")
+        wait_for(lambda: last_step(log0) >= 8, "step 8 in worker-0.log",
+                 ended=lambda: log0.read_text() if worker_exit(tmp_path, 0) else None)
         os.kill(worker_pid(tmp_path, 1), signal.SIGKILL)  # a host lost mid-run
         wait_for(lambda: worker_exit(tmp_path, 1), "worker 1's exit status")
         out = launch(["launch/tpu_vm.sh", "status", *vm], env)
