@@ -9,7 +9,7 @@
 # its node: no --gpus-per-task, srun --gpu-bind=none). One task per node would train on one GPU
 # per node.
 # Preemption and the time limit: SLURM sends SIGTERM to the tasks 120 s before the end
-# (--signal=TERM@120); the run finishes its step, saves a checkpoint and exits with status 75;
+# (--signal=TERM@120; SIGNAL_S=seconds to change); the run finishes its step, saves a checkpoint and exits with status 75;
 # the job then requeues itself (scontrol requeue, --requeue) and the requeued job resumes from
 # RUN_DIR. Any other exit status ends the job. RUN_DIR must be on a filesystem all nodes share.
 # The job uses the repository's .venv (make venv, plus a CUDA jax: pip install -U "jax[cuda12]").
@@ -22,9 +22,13 @@ if [[ $# -lt 2 || ! -f "$1" ]]; then
 fi
 flagfile=$1 run_dir=$2; shift 2
 nodes=${NODES:-1} gpus=${GPUS_PER_NODE:-8}
-for v in "NODES=$nodes" "GPUS_PER_NODE=$gpus"; do
+for v in "NODES=$nodes" "GPUS_PER_NODE=$gpus" "SIGNAL_S=${SIGNAL_S:-120}"; do
   [[ ${v#*=} =~ ^[1-9][0-9]*$ ]] || { echo "[slurm_gpu] $v: expected an integer >= 1" >&2; exit 2; }
 done
+if [[ $run_dir =~ [[:space:]] ]]; then
+  echo "[slurm_gpu] RUN_DIR '$run_dir' contains whitespace: expected a path without (#SBATCH --output cannot quote it)" >&2
+  exit 2
+fi
 signal_s=${SIGNAL_S:-120}  # seconds before the time limit that SIGTERM arrives: enough for one step and a save
 q() { printf '%q' "$1"; }
 extra=$(printf ' %q' "$@")
