@@ -9,9 +9,10 @@
 # its node: no --gpus-per-task, srun --gpu-bind=none). One task per node would train on one GPU
 # per node.
 # Preemption and the time limit: SLURM sends SIGTERM to the tasks 120 s before the end
-# (--signal=TERM@120; SIGNAL_S=seconds to change); the run finishes its step, saves a checkpoint and exits with status 75;
-# the job then requeues itself (scontrol requeue, --requeue) and the requeued job resumes from
-# RUN_DIR. Any other exit status ends the job. RUN_DIR must be on a filesystem all nodes share.
+# (--signal=TERM@120; SIGNAL_S=seconds to change); the run finishes its step, saves a checkpoint
+# and exits with status 75; the job then requeues itself (scontrol requeue, --requeue) and the
+# requeued job resumes from RUN_DIR. Any other exit status ends the job. RUN_DIR must be on a
+# filesystem all nodes share.
 # The job uses the repository's .venv (make venv, plus a CUDA jax: pip install -U "jax[cuda12]").
 # DRY=1 prints the job script instead of submitting it.
 set -euo pipefail
