@@ -41,6 +41,15 @@ def _sums(arrays):
     return [_leaf_sum(a) for a in arrays]
 
 
+def _local_scalar(s: jax.Array):
+    """A checksum scalar on this host; in a multi-process run it is replicated, so any local copy."""
+    if s.is_fully_addressable:
+        return s
+    if s.sharding.is_fully_replicated:
+        return s.addressable_data(0)
+    return multihost_utils.process_allgather(s, tiled=True)
+
+
 def state_checksums(state) -> dict[str, str]:
     """{leaf path: 8 hex digits} for every array leaf of `state` (Python scalars are left out:
     the checkpoint's JSON metadata holds them exactly)."""
@@ -49,7 +58,7 @@ def state_checksums(state) -> dict[str, str]:
     if not flat:
         return {}
     sums = _sums([leaf for _, leaf in flat])
-    host = [np.asarray(s if s.is_fully_addressable else multihost_utils.process_allgather(s)) for s in sums]
+    host = [np.asarray(_local_scalar(s)) for s in sums]
     return {path: f"{int(v):08x}" for (path, _), v in zip(flat, host)}
 
 
