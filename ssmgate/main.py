@@ -121,7 +121,12 @@ def main(argv):
     import jax
     from ssmgate.train.run_dir import RunDir
     from ssmgate.train.run_lock import RunDirBusy, RunLock
-    rd = RunDir(FLAGS.run_dir)
+    try:
+        rd = RunDir(FLAGS.run_dir)
+    except OSError as e:  # an unwritable parent, a file in the way, ...
+        print(f"[ssmgate] --run_dir={FLAGS.run_dir}: cannot create the run directory ({e.strerror or e}); "
+              f"expected a writable directory path", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USAGE)
     lock = RunLock(rd) if jax.process_index() == 0 else contextlib.nullcontext()
     try:
         with lock:
@@ -144,7 +149,7 @@ def _run(program, cfg, rd) -> None:
     """Runs the program in a locked run directory; the new flags become flags.txt once the run
     accepts them (a fresh run, or a checkpoint of the same configuration)."""
     import jax
-    from ssmgate.train.checkpoint import CheckpointError
+    from ssmgate.train.checkpoint import CheckpointError, CheckpointWriteError
     from ssmgate.train.loop import TrainingDiverged
     from ssmgate.train.preemption import EXIT_PREEMPTED, Preempted
     main_process = jax.process_index() == 0
@@ -166,6 +171,9 @@ def _run(program, cfg, rd) -> None:
     except Preempted as e:  # SIGTERM/SIGINT: saved; a scheduler (launch/) requeues on this status
         print(f"[ssmgate] {e} (exit status {EXIT_PREEMPTED})", flush=True)
         sys.exit(EXIT_PREEMPTED)
+    except CheckpointWriteError as e:  # disk full, permissions: names the step and what is intact
+        print(f"[ssmgate] {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
     except TrainingDiverged as e:  # the message names the step, the quantity and the saved state
         print(f"[ssmgate] training diverged: {e}", file=sys.stderr, flush=True)
         sys.exit(1)

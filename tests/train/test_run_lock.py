@@ -60,3 +60,10 @@ def test_a_refused_resume_keeps_flags_txt_and_names_the_changed_flags_and_a_busy
     (cadence,) = run_many([[*TINY, "--steps=4", "--lr=5e-3", "--log_every=4", f"--run_dir={run}"]])
     assert cadence.returncode == 0, cadence.stderr[-2000:]  # same configuration: accepted and recorded
     assert "--log_every=4" in (run / "flags.txt").read_text()
+
+
+def test_a_run_dir_that_cannot_be_created_is_one_clear_line(tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    (res,) = run_many([[*TINY, "--steps=2", "--lr=5e-3", f"--run_dir={tmp_path / 'a_file' / 'run'}"]])
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert "cannot create the run directory" in res.stderr and "expected a writable directory" in res.stderr
