@@ -27,7 +27,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export SSMGATE_MALLOC_TUNING=0 SSMGATE_XLA_DEFAULTS=0
 # JAX takes 75% of the GPU's memory by default; leave torch (upstream's kernels) its share.
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.55}
-cmd=("$py" -m ssmgate.bench device_check --budget_s="$budget" --out_dir="$out_dir" "$@")
+cmd=("$py" -m ssmgate.bench device_check --budget_s="$budget" --check_out_dir="$out_dir" "$@")
 echo "[device_check] ${cmd[*]}"
 [[ ${DRY:-0} == 1 ]] && exit 0
 mkdir -p "$out_dir"

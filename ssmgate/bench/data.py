@@ -5,7 +5,7 @@ files of random English-like words; deleted afterwards), of `--small_mb` and `--
 
 1. Tokenization: `prepare` (byte tokenizer) of the big corpus with 1 worker and with every core,
    MB of text per second.
-2. Loader throughput: training batches of `--batch` x `--seq_len` read synchronously (no prefetch:
+2. Loader throughput: training batches of `--read_batch` x `--read_seq_len` read synchronously (no prefetch:
    the whole cost a step would wait for), tokens/s for one process reading the whole batch and for
    process 0 of 2 reading its half, against the tokens/s that the cpu-scale p2_lm pair trains at
    (`experiments/p2/cpu/lm_rope{05,0}.flags`: 800 steps of 16 x 256 tokens in 349 s and 271 s,
@@ -38,8 +38,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_float("small_mb", 10.0, "Text of the small corpus, MB.", lower_bound=0.1)
 flags.DEFINE_float("big_mb", 100.0, "Text of the big corpus, MB (the issue's case: 1024).", lower_bound=0.1)
 flags.DEFINE_integer("read_steps", 500, "Batches read per loader measurement.", lower_bound=1)
-flags.DEFINE_integer("batch", 16, "Rows per global batch (cpu-scale p2_lm: 16).", lower_bound=2)
-flags.DEFINE_integer("seq_len", 256, "Tokens per row (cpu-scale p2_lm: 256).", lower_bound=1)
+flags.DEFINE_integer("read_batch", 16, "Rows per global batch (cpu-scale p2_lm: 16).", lower_bound=2)
+flags.DEFINE_integer("read_seq_len", 256, "Tokens per row (cpu-scale p2_lm: 256).", lower_bound=1)
 flags.DEFINE_string("workdir", None, "Folder for the temporary corpora and shards (default: the system's temp).")
 
 # cpu-scale p2_lm pair (docs/reproduction.md): 800 steps x 16 x 256 tokens in 349 s (rotation), 271 s (none)
@@ -208,6 +208,6 @@ def main(argv) -> None:
     del argv
     result = {"date": time.strftime("%Y-%m-%d"), "cpu": _cpu_name(), "cores": os.cpu_count(),
               "command": "python -m ssmgate.bench " + " ".join(sys.argv[1:]),
-              **measure(FLAGS.small_mb, FLAGS.big_mb, FLAGS.read_steps, FLAGS.batch, FLAGS.seq_len, FLAGS.workdir)}
+              **measure(FLAGS.small_mb, FLAGS.big_mb, FLAGS.read_steps, FLAGS.read_batch, FLAGS.read_seq_len, FLAGS.workdir)}
     print(markdown(result))
     write_result(result, markdown(result), "runs/bench/data.json", "data")

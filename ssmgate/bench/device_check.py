@@ -54,7 +54,7 @@ flags.DEFINE_float("budget_s", 300.0, "Seconds this check may take: no item star
 flags.DEFINE_bool("dry", False, "Toy sizes on any machine (CPU: the kernels interpret); for the tests.")
 flags.DEFINE_list("parts", ["check", "speed", "train", "auto"], "Parts to run, in this order (the roofline "
                   "is always measured first).")
-flags.DEFINE_string("out_dir", "runs/device_check", "Folder for device_check.json, device_check.md and "
+flags.DEFINE_string("check_out_dir", "runs/device_check", "Folder for device_check.json, device_check.md and "
                     "auto_table.json.")
 flags.DEFINE_string("upstream_dir", "third_party/mamba", "Folder with upstream mamba_ssm's source "
                     "(launch/fetch_upstream.sh fills it).")
@@ -573,8 +573,8 @@ def main(argv) -> None:
         DEVICE, train=(DEVICE.train[0], FLAGS.train_batch, DEVICE.train[2]))
     command = " ".join(["python -m ssmgate.bench"] + sys.argv[1:])
     log = lambda s: print(s, flush=True)
-    result = run_check(settings, FLAGS.parts, FLAGS.budget_s, FLAGS.out_dir, FLAGS.upstream_dir, command, log)
+    result = run_check(settings, FLAGS.parts, FLAGS.budget_s, FLAGS.check_out_dir, FLAGS.upstream_dir, command, log)
     print("\n" + markdown(result), flush=True)
-    print(f"\n[device_check] wrote {FLAGS.out_dir}/device_check.json and device_check.md", flush=True)
+    print(f"\n[device_check] wrote {FLAGS.check_out_dir}/device_check.json and device_check.md", flush=True)
     if not result["checks_passed"]:
         raise SystemExit("device_check: a correctness check FAILED (see the check rows)")

@@ -85,7 +85,7 @@ class RunDir:
 
     def write_csv(self, name: str, header: Sequence[str], rows: Iterable[Sequence]) -> epath.Path:
         tmp = self.file(name + ".tmp")
-        with tmp.open("w", newline="") as f:
+        with tmp.open("w") as f:  # csv writes its own \r\n; POSIX text mode keeps it as is
             writer = csv.writer(f)
             writer.writerow(header)
             for row in rows:

@@ -114,4 +114,4 @@ def test_cli_refuses_a_cpu_backend_without_dry():
     res = subprocess.run(["bash", "launch/device_check.sh", "--parts=auto"], cwd=REPO, capture_output=True, text=True,
                          env={**os.environ, "DRY": "1", "BUDGET_S": "90"})
     assert res.returncode == 0
-    assert "-m ssmgate.bench device_check --budget_s=90 --out_dir=runs/device_check --parts=auto" in res.stdout
+    assert "-m ssmgate.bench device_check --budget_s=90 --check_out_dir=runs/device_check --parts=auto" in res.stdout
