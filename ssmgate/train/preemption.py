@@ -68,12 +68,12 @@ class StopRequests:
         if self._distributed:
             from jax.experimental import multihost_utils
             try:
-                if multihost_utils.reached_preemption_sync_point(int(step)):
-                    self._signal = self._signal or signal.SIGTERM
-                    return True
+                reached = multihost_utils.reached_preemption_sync_point(int(step))
             except RuntimeError:  # the preemption service is off (jax_enable_preemption_service=False)
-                pass
-            return False
+                return False
+            if reached:
+                self._signal = self._signal or signal.SIGTERM
+            return reached
         return self._signal is not None
 
     @property
