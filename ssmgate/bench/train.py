@@ -40,6 +40,7 @@ from ssmgate.tasks import synthetic_lm
 from ssmgate.train import optim, sweep
 from ssmgate.train.state import TrainState
 from ssmgate.train.step import make_train_step
+from ssmgate.train.throughput import model_flops  # noqa: F401  (also used by device_check and the tests)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("train_steps", 20, "Timed training steps per measurement.", lower_bound=1)
@@ -208,19 +209,6 @@ THROUGHPUT_MODELS = {
     "Mamba-3": ModelCfg(block="mamba3", vocab_size=256, d_model=256, n_layers=4, d_state=64, headdim=64),
     "Transformer (Llama)": ModelCfg(block="llama", vocab_size=256, d_model=256, n_layers=4, n_heads=4, mlp="swiglu"),
 }
-
-
-def model_flops(cfg: ModelCfg, b: int, t: int) -> float:
-    """Training FLOPs per step: 6 N (non-embedding matmul params, + the tied head's matmul) per token
-    plus the sequence mixing (attention scores and values; the SSM state update and read), x3 for
-    forward + backward."""
-    counts = count_breakdown(cfg)
-    dense = 6.0 * (counts["mixers"] + counts["mlp"] + cfg.vocab_size * cfg.d_model) * b * t
-    if cfg.block in ("gpt_neox", "llama"):
-        mixing = 2.0 * 2 * b * t * t * cfg.d_model / 2 * cfg.n_layers  # causal: half the t x t scores
-    else:
-        mixing = 2.0 * 2 * b * t * cfg.d_inner * cfg.d_state * cfg.n_layers  # write and read of the state
-    return dense + 3.0 * mixing
 
 
 def bench_throughput(steps: int, reps: int, peak: float, log=print) -> list[dict]:

@@ -241,7 +241,7 @@ def train(cfg: P2LMCfg, rd: RunDir, data: TextData):
     result = loop.run(rd, cfg.loop, init_state=built.init_state, abstract_state=built.abstract, step_fn=built.step,
                       batch_fn=built.batch_fn, eval_fn=_validation_fn(built.model, data, text), meta=meta,
                       fingerprint=cfg.fingerprint(),
-                      throughput=Throughput.for_lm(presets.param_count(cfg.model), text.batch, text.seq_len))
+                      throughput=Throughput.for_lm(cfg.model, text.batch, text.seq_len))
     return result.state.params, result
 
 

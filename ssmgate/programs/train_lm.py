@@ -121,7 +121,7 @@ def run(cfg: TrainLMCfg, run_dir: str) -> dict:
 
 
 def throughput(cfg: TrainLMCfg) -> Throughput:
-    return Throughput.for_lm(presets.param_count(cfg.model), cfg.task.batch, cfg.task.seq_len, len(cfg.replicas))
+    return Throughput.for_lm(cfg.model, cfg.task.batch, cfg.task.seq_len, len(cfg.replicas))
 
 
 def _summary(cfg: TrainLMCfg, result: loop.LoopResult, labels) -> dict:

@@ -1,11 +1,12 @@
 """Tokens per second and model FLOPs utilisation (MFU) for the progress line.
 
-MFU follows the PaLM paper's convention (Chowdhery et al. 2022, appendix B): the FLOPs the model
-needs per token, 6 N for N parameters (forward 2N, backward 4N; the recurrence's and attention's
-own terms are left out, so MFU is a slight underestimate for long sequences), divided by the
-peak FLOP/s of the devices the run uses. Peaks are the vendors' dense bf16 figures per chip; on a
-CPU there is no such figure, so the machine's float32 matmul rate is measured once per process.
-An accelerator missing from the table gets no MFU rather than a guessed one.
+MFU is the model's training FLOPs per step (`model_flops`: 6 FLOPs per token for every
+non-embedding matmul parameter and the head, as in the PaLM paper's appendix B, plus the sequence
+mixing: attention's scores and values, or the SSM state's write and read, x3 for forward and
+backward) per second, over the peak FLOP/s of the devices the run uses. Peaks are the vendors'
+dense bf16 figures per chip; on a CPU there is no such figure, so the machine's float32 matmul
+rate is measured once per process. An accelerator missing from the table gets no MFU rather than
+a guessed one. The benchmarks (`ssmgate.bench`) use the same `model_flops`.
 """
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ import time
 
 import jax
 import jax.numpy as jnp
+
+from ssmgate.models.config import ModelCfg
+from ssmgate.models.presets import count_breakdown
 
 # Dense bf16 peak FLOP/s per chip (vendor datasheets), matched against jax.Device.device_kind.
 # Longer keys first: "TPU v5 lite" must not match "TPU v5".
@@ -40,9 +44,21 @@ class Throughput:
     model_flops_per_step: float = 0.0  # 0: no MFU
 
     @classmethod
-    def for_lm(cls, n_params: int, batch: int, seq_len: int, replicas: int = 1) -> "Throughput":
-        tokens = batch * seq_len * replicas
-        return cls(tokens, 6.0 * n_params * tokens)
+    def for_lm(cls, cfg: ModelCfg, batch: int, seq_len: int, replicas: int = 1) -> "Throughput":
+        return cls(batch * seq_len * replicas, model_flops(cfg, batch, seq_len) * replicas)
+
+
+def model_flops(cfg: ModelCfg, b: int, t: int) -> float:
+    """Training FLOPs of one step of `b` sequences of `t` tokens: 6 N per token (N: non-embedding
+    matmul parameters and the head's matmul) plus the sequence mixing (attention scores and values;
+    the SSM state update and read), x3 for forward + backward."""
+    counts = count_breakdown(cfg)
+    dense = 6.0 * (counts["mixers"] + counts["mlp"] + cfg.vocab_size * cfg.d_model) * b * t
+    if cfg.block in ("gpt_neox", "llama"):
+        mixing = 2.0 * 2 * b * t * t * cfg.d_model / 2 * cfg.n_layers  # causal: half the t x t scores
+    else:
+        mixing = 2.0 * 2 * b * t * cfg.d_inner * cfg.d_state * cfg.n_layers  # write and read of the state
+    return dense + 3.0 * mixing
 
 
 def peak_for_kind(kind: str) -> float | None:

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from ssmgate.models.config import ModelCfg
 from ssmgate.train import loop, mesh as meshlib, throughput
 from ssmgate.train.preemption import Preempted
 from ssmgate.train.run_dir import RunDir
@@ -93,7 +94,9 @@ def test_the_host_reads_a_steps_metrics_only_after_the_next_step_is_dispatched(t
 
 
 def test_progress_lines_carry_tokens_per_second_and_mfu(tmp_path, capsys):
-    tp = throughput.Throughput.for_lm(n_params=1000, batch=16, seq_len=8)
+    cfg = ModelCfg(block="mamba2", vocab_size=16, d_model=16, n_layers=1, d_state=8, headdim=8)
+    tp = throughput.Throughput.for_lm(cfg, batch=16, seq_len=8)
+    flops = throughput.model_flops(cfg, 16, 8)
     init = single()
     cfg = loop.LoopCfg(steps=4, log_every=2, tensorboard=False)
     loop.run(RunDir(tmp_path), cfg, init_state=init, abstract_state=jax.eval_shape(init), step_fn=donated_step(),
@@ -101,7 +104,7 @@ def test_progress_lines_carry_tokens_per_second_and_mfu(tmp_path, capsys):
     train = [r for r in records(tmp_path) if r["kind"] == "train"]
     for r in train:
         assert r["tokens_per_s"] == pytest.approx(r["steps_per_s"] * 128)
-        assert r["mfu"] == pytest.approx(r["steps_per_s"] * 6 * 1000 * 128 / throughput.measured_cpu_matmul_flops())
+        assert r["mfu"] == pytest.approx(r["steps_per_s"] * flops / throughput.measured_cpu_matmul_flops())
     assert "tokens/s, MFU " in capsys.readouterr().out
 
 
