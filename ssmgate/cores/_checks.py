@@ -1,12 +1,17 @@
 """Argument checks shared by the cores.
 
 Every check runs on static shapes and dtypes, so it costs nothing under `jit` and fails before
-tracing with a message that names the argument, what it was and what was expected.
+tracing with a message that names the argument, what it was and what was expected. The value checks
+at the end (dt >= 0, decays <= 1, trapezoid weights in [0, 1]) read the data, so they are off unless
+a core's `check_values=True` or SSMGATE_CHECK_CORE_VALUES=1 turns them on.
 """
 from __future__ import annotations
 
+import functools
+import os
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -156,3 +161,64 @@ def matmul_dtype(x):
 def cast(arr: Any, dtype) -> Any:
     """jnp array in the compute dtype (None passes through); accepts numpy inputs too."""
     return None if arr is None else jnp.asarray(arr, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- optional value checks
+
+VALUE_CHECKS_ENV = "SSMGATE_CHECK_CORE_VALUES"
+
+
+def value_checks_enabled(check_values: bool | None) -> bool:
+    """A core's `check_values` argument; None takes the process default from the environment
+    variable SSMGATE_CHECK_CORE_VALUES (1 on, unset or 0 off), read when the core is traced."""
+    if check_values is not None:
+        return bool(check_values)
+    return os.environ.get(VALUE_CHECKS_ENV, "0").strip() not in ("", "0", "false", "False")
+
+
+def _report(core: str, name: str, expected: str, bad_any, index, value, shape) -> None:
+    bad_any = np.asarray(bad_any)
+    if not bad_any.any():
+        return
+    # under vmap the callback sees a batch of (bad, index, value): report the first bad one
+    k = int(np.argmax(bad_any.ravel()))
+    i = int(np.ravel(index)[k])
+    where = tuple(int(v) for v in np.unravel_index(i, shape))
+    raise ValueError(f"{core}: argument '{name}' has value {float(np.ravel(value)[k])!r} at index {where}; "
+                     f"expected {expected}")
+
+
+def _check_value(core: str, name: str, arr, ok_fn, expected: str) -> None:
+    if isinstance(arr, jax.core.Tracer):
+        flat = jnp.ravel(arr)
+        bad = ~ok_fn(jnp, flat)
+        index = jnp.argmax(bad)
+        jax.debug.callback(functools.partial(_report, core, name, expected, shape=tuple(arr.shape)),
+                           bad.any(), index, flat[index])
+    else:
+        flat = np.ravel(np.asarray(arr, dtype=np.float64))
+        bad = ~ok_fn(np, flat)  # numpy: jnp would trace a constant inside jit
+        if bad.any():
+            index = int(np.argmax(bad))
+            _report(core, name, expected, True, index, flat[index], tuple(arr.shape))
+
+
+def check_values(core: str, enabled: bool, *, dt, rate=None, rate_name: str = "A", rate_sign: int = -1,
+                 trap=None) -> None:
+    """The inputs' values, when `enabled`: dt finite and >= 0, the decay rate finite with the sign
+    that keeps every decay exp(dt A) <= 1 (A <= 0; a >= 0 for the damped cores' a = -A), the
+    trapezoid weight in [0, 1]. Concrete arrays fail here; traced ones through a callback when the
+    computation runs (an error raised inside jit reaches the caller wrapped in JAX's runtime error,
+    with this message in its text)."""
+    if not enabled:
+        return
+    _check_value(core, "dt", dt, lambda xp, v: xp.isfinite(v) & (v >= 0), "finite and >= 0 (a step size)")
+    if rate is not None:
+        if rate_sign < 0:
+            _check_value(core, rate_name, rate, lambda xp, v: xp.isfinite(v) & (v <= 0),
+                         f"finite and <= 0 (so that every decay exp(dt {rate_name}) <= 1)")
+        else:
+            _check_value(core, rate_name, rate, lambda xp, v: xp.isfinite(v) & (v >= 0),
+                         f"finite and >= 0 (so that every decay exp(-dt {rate_name}) <= 1)")
+    if trap is not None:
+        _check_value(core, "trap", trap, lambda xp, v: (v >= 0) & (v <= 1), "in [0, 1] (the trapezoid weight)")

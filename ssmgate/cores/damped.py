@@ -22,7 +22,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ssmgate.cores import _checks, auto
+from ssmgate.cores import _checks, _finite, auto
 from ssmgate.cores._damped_chunked import chunked_damped
 from ssmgate.cores._ssd import expand_groups, per_token, previous_writes
 from ssmgate.cores.rotation import trapezoid_inputs
@@ -143,7 +143,7 @@ def _check_state(core, state, b, h, p, n, arg="initial_state"):
         _checks.check_state_array(core, f"{arg}.{name}", arr, shape, axes)
 
 
-def damped_step(state, x, dt, a, nu, B, C, D=None, *, regime, overdamped_c=0.9, trap=None):
+def damped_step(state, x, dt, a, nu, B, C, D=None, *, regime, overdamped_c=0.9, trap=None, check_values=None):
     """One decoding step. state: DampedState or None; x (b, h, p); dt (b, h); a (h,) or (b, h);
     nu (b, h, r); B, C (b, g, n); trap (b, h) or None. Returns (y (b, h, p), new state)."""
     core = "damped_step"
@@ -151,6 +151,8 @@ def damped_step(state, x, dt, a, nu, B, C, D=None, *, regime, overdamped_c=0.9, 
     b, h, p, g, n = _checks.check_step_inputs(core, x, dt, a, B, C, D, A_name="a")
     _checks.check_pairs(core, "nu", nu, (b, h), n, "(b, h, r)")
     _checks.check_trap(core, trap, (b, h), "(b, h)")
+    _checks.check_values(core, _checks.value_checks_enabled(check_values), dt=dt, rate=a, rate_name="a",
+                         rate_sign=+1, trap=trap)
     cdt = _checks.compute_dtype(x, dt, a, nu, B, C, D, trap)
     if state is None:
         state = DampedState.zeros(b, h, p, n, cdt)
@@ -237,7 +239,21 @@ def _chunked(x, dt, a, nu, B, C, lam, D, state0, regime, c, chunk):
     return y, DampedState(h_final, B_h[:, -1], x[:, -1])
 
 
+# The scan form folds token s+1's trapezoid weight into token s's write (rotation.trapezoid_inputs),
+# so a bad dt or trap at s+1 reached y_s: it spreads backwards like the chunked form.
+_GUARDED = _finite.SPREADING_ALGORITHMS + ("sequential",)
+
+
 def _run(algorithm, chunk_size, x, dt, a, nu, B, C, lam, D, state0, *, regime, c):
+    if algorithm in _GUARDED:
+        H = _finite.HEAD
+        return _finite.keep_past_clean(
+            functools.partial(_run_form, algorithm, chunk_size, regime=regime, c=c),
+            (x, dt, a, nu, B, C, lam, D, state0), (H, H, H, H, _finite.GROUP, None, H, None, None), x.shape[2])
+    return _run_form(algorithm, chunk_size, x, dt, a, nu, B, C, lam, D, state0, regime=regime, c=c)
+
+
+def _run_form(algorithm, chunk_size, x, dt, a, nu, B, C, lam, D, state0, *, regime, c):
     if algorithm == "chunked":
         return _chunked(x, dt, a, nu, B, C, lam, D, state0, regime, c, chunk_size or 16)
     run = _sequential if algorithm == "sequential" else _associative
@@ -245,7 +261,7 @@ def _run(algorithm, chunk_size, x, dt, a, nu, B, C, lam, D, state0, *, regime, c
 
 
 def damped(x, dt, a, nu, B, C, D=None, *, regime, overdamped_c=0.9, trap=None, initial_state=None,
-           algorithm="auto", chunk_size=None):
+           algorithm="auto", chunk_size=None, check_values=None):
     """Runs the second-order damped recurrence; returns (y, final_state: DampedState).
 
     a (h,) or (b, t, h): damping rate a = -A > 0. nu (b, t, h, r), r <= n/2: signed angular
@@ -259,6 +275,8 @@ def damped(x, dt, a, nu, B, C, D=None, *, regime, overdamped_c=0.9, trap=None, i
     b, t, h, p, g, n = _checks.check_ssm_inputs(CORE, x, dt, a, B, C, D, A_name="a")
     _checks.check_pairs(CORE, "nu", nu, (b, t, h), n)
     _checks.check_trap(CORE, trap, (b, t, h))
+    _checks.check_values(CORE, _checks.value_checks_enabled(check_values), dt=dt, rate=a, rate_name="a",
+                         rate_sign=+1, trap=trap)
     cdt = _checks.compute_dtype(x, dt, a, nu, B, C, D, trap)
     if initial_state is None:
         state0 = DampedState.zeros(b, h, p, n, cdt)

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ssmgate.cores import _checks, auto
+from ssmgate.cores import _checks, _finite, auto
 from ssmgate.cores._ssd import associative_states, carry_chunk_states, chunk_time, per_token, segment_decays
 from ssmgate.cores.rotation import TWO_PI, phases_cos_sin, rotate_pairs, scan_tokens, trapezoid_scales
 
@@ -143,7 +143,7 @@ def _step(state, x, dt, A, B, C, theta, lam, D):
     return y, MimoState(phase, h, B_rot, x)
 
 
-def rotation_mimo_step(state, x, dt, A, B, C, theta, D=None, *, trap=None):
+def rotation_mimo_step(state, x, dt, A, B, C, theta, D=None, *, trap=None, check_values=None):
     """One decoding step. state: MimoState or None; x (b, h, R, p); dt (b, h); A (h,) or (b, h);
     B, C (b, g, R, n); theta (b, h, r); D (h,) or None; trap (b, h) or None.
     Returns (y (b, h, R, p) in x's dtype, new float32 MimoState)."""
@@ -151,6 +151,7 @@ def rotation_mimo_step(state, x, dt, A, B, C, theta, D=None, *, trap=None):
     (b,), h, R, p, g, n = _check_inputs(core, x, dt, A, B, C, D, step=True)
     r = _checks.check_pairs(core, "theta", theta, (b, h), n, "(b, h, r)")
     _checks.check_trap(core, trap, (b, h), "(b, h)")
+    _checks.check_values(core, _checks.value_checks_enabled(check_values), dt=dt, rate=A, trap=trap)
     cdt = _checks.compute_dtype(x, dt, A, B, C, theta, D, trap)
     if state is None:
         state = MimoState.zeros(b, h, R, p, n, r, cdt)
@@ -277,6 +278,15 @@ def _chunked(x, dt, A, B, C, theta, lam, D, state0, chunk):
 
 
 def _run(algorithm, chunk_size, x, dt, A, B, C, theta, lam, D, state0):
+    if algorithm in _finite.SPREADING_ALGORITHMS:
+        H = _finite.HEAD
+        return _finite.keep_past_clean(
+            functools.partial(_run_form, algorithm, chunk_size),
+            (x, dt, A, B, C, theta, lam, D, state0), (H, H, H, _finite.GROUP, None, H, H, None, None), x.shape[2])
+    return _run_form(algorithm, chunk_size, x, dt, A, B, C, theta, lam, D, state0)
+
+
+def _run_form(algorithm, chunk_size, x, dt, A, B, C, theta, lam, D, state0):
     if algorithm == "sequential":
         return _sequential(x, dt, A, B, C, theta, lam, D, state0)
     if algorithm == "associative":
@@ -291,7 +301,7 @@ def auto_is_measured(backend: str | None = None) -> bool:
 
 
 def rotation_mimo(x, dt, A, B, C, theta, D=None, *, trap=None, initial_state=None, algorithm="auto",
-                  chunk_size=None):
+                  chunk_size=None, check_values=None):
     """Runs the Mamba-3 MIMO (rank R) decay-rotation recurrence; returns (y, final_state: MimoState).
 
     x (b, t, h, R, p); B, C (b, t, g, R, n); y (b, t, h, R, p) in x's dtype; the state and all
@@ -312,6 +322,7 @@ def rotation_mimo(x, dt, A, B, C, theta, D=None, *, trap=None, initial_state=Non
     (b, t), h, R, p, g, n = _check_inputs(CORE, x, dt, A, B, C, D, step=False)
     r = _checks.check_pairs(CORE, "theta", theta, (b, t, h), n)
     _checks.check_trap(CORE, trap, (b, t, h))
+    _checks.check_values(CORE, _checks.value_checks_enabled(check_values), dt=dt, rate=A, trap=trap)
     cdt = _checks.compute_dtype(x, dt, A, B, C, theta, D, trap)
     if initial_state is None:
         state0 = MimoState.zeros(b, h, R, p, n, r, cdt)

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ssmgate.cores import _checks, auto
+from ssmgate.cores import _checks, _finite, auto
 from ssmgate.cores._ssd import associative_states, chunked_ssd, expand_groups, per_token, previous_writes
 from ssmgate.cores._trig import sin_cos
 from ssmgate.cores.pallas import pallas_ssd
@@ -100,13 +100,14 @@ def _step(state, x, dt, A, B, C, theta, lam, D):
     return y, RotationState(phase, h, B_rot, x)
 
 
-def rotation_step(state, x, dt, A, B, C, theta, D=None, *, trap=None):
+def rotation_step(state, x, dt, A, B, C, theta, D=None, *, trap=None, check_values=None):
     """One decoding step. state: RotationState or None; x (b, h, p); dt (b, h); A (h,) or (b, h);
     B, C (b, g, n); theta (b, h, r); trap (b, h) or None. Returns (y (b, h, p), new state)."""
     core = "rotation_step"
     b, h, p, g, n = _checks.check_step_inputs(core, x, dt, A, B, C, D)
     r = _checks.check_pairs(core, "theta", theta, (b, h), n, "(b, h, r)")
     _checks.check_trap(core, trap, (b, h), "(b, h)")
+    _checks.check_values(core, _checks.value_checks_enabled(check_values), dt=dt, rate=A, trap=trap)
     cdt = _checks.compute_dtype(x, dt, A, B, C, theta, D, trap)
     if state is None:
         state = RotationState.zeros(b, h, p, n, r, cdt)
@@ -224,6 +225,15 @@ def _pallas(x, dt, A, B, C, theta, lam, D, state0, chunk, mm_dtype):
 
 
 def _run(algorithm, chunk_size, x, dt, A, B, C, theta, lam, D, state0, mm_dtype=None):
+    if algorithm in _finite.SPREADING_ALGORITHMS:
+        H = _finite.HEAD
+        return _finite.keep_past_clean(
+            functools.partial(_run_form, algorithm, chunk_size, mm_dtype=mm_dtype),
+            (x, dt, A, B, C, theta, lam, D, state0), (H, H, H, _finite.GROUP, None, H, H, None, None), x.shape[2])
+    return _run_form(algorithm, chunk_size, x, dt, A, B, C, theta, lam, D, state0, mm_dtype)
+
+
+def _run_form(algorithm, chunk_size, x, dt, A, B, C, theta, lam, D, state0, mm_dtype=None):
     if algorithm == "sequential":
         return _sequential(x, dt, A, B, C, theta, lam, D, state0)
     if algorithm == "associative":
@@ -233,7 +243,8 @@ def _run(algorithm, chunk_size, x, dt, A, B, C, theta, lam, D, state0, mm_dtype=
     return _chunked(x, dt, A, B, C, theta, lam, D, state0, chunk_size or 64)
 
 
-def rotation(x, dt, A, B, C, theta, D=None, *, trap=None, initial_state=None, algorithm="auto", chunk_size=None):
+def rotation(x, dt, A, B, C, theta, D=None, *, trap=None, initial_state=None, algorithm="auto", chunk_size=None,
+             check_values=None):
     """Runs the Mamba-3 SISO decay-rotation recurrence; returns (y, final_state: RotationState).
 
     theta (b, t, h, r), r <= n/2: angle per unit dt in radians (a model applies pi*tanh to its
@@ -245,6 +256,7 @@ def rotation(x, dt, A, B, C, theta, D=None, *, trap=None, initial_state=None, al
     b, t, h, p, g, n = _checks.check_ssm_inputs(CORE, x, dt, A, B, C, D)
     r = _checks.check_pairs(CORE, "theta", theta, (b, t, h), n)
     _checks.check_trap(CORE, trap, (b, t, h))
+    _checks.check_values(CORE, _checks.value_checks_enabled(check_values), dt=dt, rate=A, trap=trap)
     cdt = _checks.compute_dtype(x, dt, A, B, C, theta, D, trap)
     if initial_state is None:
         state0 = RotationState.zeros(b, h, p, n, r, cdt)

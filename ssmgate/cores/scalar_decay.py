@@ -10,7 +10,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ssmgate.cores import _checks, auto
+from ssmgate.cores import _checks, _finite, auto
 from ssmgate.cores._ssd import associative_states, chunked_ssd, expand_groups, per_token
 from ssmgate.cores.pallas import pallas_ssd
 
@@ -29,11 +29,12 @@ def _step(h_bhpn, x_bhp, dt_bh, A_bh, B_bgn, C_bgn, D_h):
     return y, h_bhpn
 
 
-def scalar_decay_step(state, x, dt, A, B, C, D=None):
+def scalar_decay_step(state, x, dt, A, B, C, D=None, *, check_values=None):
     """One decoding step. state (b, h, p, n) or None; x (b, h, p); dt (b, h); A (h,) or (b, h);
     B, C (b, g, n); D (h,) or None. Returns (y (b, h, p) in x's dtype, new float32 state)."""
     core = "scalar_decay_step"
     b, h, p, g, n = _checks.check_step_inputs(core, x, dt, A, B, C, D)
+    _checks.check_values(core, _checks.value_checks_enabled(check_values), dt=dt, rate=A)
     cdt = _checks.compute_dtype(x, dt, A, B, C, D)
     if state is None:
         state = jnp.zeros((b, h, p, n), cdt)
@@ -81,6 +82,14 @@ def _pallas(x, dt, A, B, C, D, h0, chunk, mm_dtype):
 
 
 def _run(algorithm, chunk_size, x, dt, A, B, C, D, h0, mm_dtype=None):
+    if algorithm in _finite.SPREADING_ALGORITHMS:
+        return _finite.keep_past_clean(
+            functools.partial(_run_form, algorithm, chunk_size, mm_dtype=mm_dtype), (x, dt, A, B, C, D, h0),
+            (_finite.HEAD, _finite.HEAD, _finite.HEAD, _finite.GROUP, None, None, None), x.shape[2])
+    return _run_form(algorithm, chunk_size, x, dt, A, B, C, D, h0, mm_dtype)
+
+
+def _run_form(algorithm, chunk_size, x, dt, A, B, C, D, h0, mm_dtype=None):
     if algorithm == "sequential":
         return _sequential(x, dt, A, B, C, D, h0)
     if algorithm == "associative":
@@ -90,7 +99,8 @@ def _run(algorithm, chunk_size, x, dt, A, B, C, D, h0, mm_dtype=None):
     return _chunked(x, dt, A, B, C, D, h0, chunk_size or 64)
 
 
-def scalar_decay(x, dt, A, B, C, D=None, *, initial_state=None, algorithm="auto", chunk_size=None):
+def scalar_decay(x, dt, A, B, C, D=None, *, initial_state=None, algorithm="auto", chunk_size=None,
+                 check_values=None):
     """Runs the scalar-decay recurrence over a sequence; returns (y, final_state).
 
     y has x's dtype; the state (b, h, p, n) and all accumulation are float32 (float64 for float64
@@ -102,6 +112,7 @@ def scalar_decay(x, dt, A, B, C, D=None, *, initial_state=None, algorithm="auto"
     _checks.check_algorithm(CORE, algorithm, _checks.KERNEL_ALGORITHMS)
     _checks.check_chunk_size(CORE, chunk_size)
     b, t, h, p, g, n = _checks.check_ssm_inputs(CORE, x, dt, A, B, C, D)
+    _checks.check_values(CORE, _checks.value_checks_enabled(check_values), dt=dt, rate=A)
     if initial_state is not None:
         _checks.check_state_array(CORE, "initial_state", initial_state, (b, h, p, n), "(b, h, p, n)")
     cdt = _checks.compute_dtype(x, dt, A, B, C, D, initial_state)
@@ -115,7 +126,7 @@ def scalar_decay(x, dt, A, B, C, D=None, *, initial_state=None, algorithm="auto"
     return y.astype(x.dtype), final
 
 
-def scalar_decay_state(x, dt, A, B, *, initial_state=None):
+def scalar_decay_state(x, dt, A, B, *, initial_state=None, check_values=None):
     """The final state alone (prefill): h_T = exp(sum_t dt_t A_t) h_0 + sum_t w_t dt_t x_t B_t^T,
     w_t = exp(sum_{s > t} dt_s A_s), in O(t h p n) work and no outputs.
 
@@ -124,6 +135,7 @@ def scalar_decay_state(x, dt, A, B, *, initial_state=None):
     """
     core = "scalar_decay_state"
     b, t, h, p, g, n = _checks.check_ssm_inputs(core, x, dt, A, B, B, None)
+    _checks.check_values(core, _checks.value_checks_enabled(check_values), dt=dt, rate=A)
     if initial_state is not None:
         _checks.check_state_array(core, "initial_state", initial_state, (b, h, p, n), "(b, h, p, n)")
     cdt = _checks.compute_dtype(x, dt, A, B, initial_state)
