@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ssmgate.models.config import ModelCfg
+from ssmgate.programs.config_error import ConfigError
 from ssmgate.models import presets
 from ssmgate.models.gates import offset_gates
 from ssmgate.models.lm import build_model
@@ -46,9 +47,15 @@ def init_params_fn(model, model_cfg: ModelCfg, seq_len: int = 16, base_params=No
     return init
 
 
-def describe_mesh(model_cfg: ModelCfg, mesh_cfg: meshlib.MeshCfg) -> list[str]:
-    """The --dry_run lines of the mesh and of every parameter's sharding on it."""
-    mesh, note = meshlib.mesh_for_description(mesh_cfg)
+def describe_mesh(model_cfg: ModelCfg, mesh_cfg: meshlib.MeshCfg, batch: int | None = None) -> list[str]:
+    """The --dry_run lines of the mesh and of every parameter's sharding on it. Checks what the run
+    itself checks first: the mesh against the devices here and `batch` against its data axis."""
+    try:
+        mesh, note = meshlib.mesh_for_description(mesh_cfg)
+        if batch is not None:
+            meshlib.check_batch(batch, mesh.shape["data"])
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     params = presets.param_shapes(model_cfg)
     return ["", f"mesh {dict(mesh.shape)}{note}",
             meshlib.describe_shardings(params, meshlib.param_shardings(params, mesh, mesh_cfg.params))]

@@ -207,7 +207,7 @@ def describe(cfg: P2LMCfg) -> str:
     if cfg.preset in presets.PAPER_SIZES:
         paper, total = presets.PAPER_SIZES[cfg.preset], presets.param_count(cfg.model)
         lines.append(f"  the paper states {paper / 1e6:,.0f} M: this model is {100 * (total / paper - 1):+.1f}%")
-    return "\n".join(lines + lm_runs.describe_mesh(cfg.model, cfg.mesh))
+    return "\n".join(lines + lm_runs.describe_mesh(cfg.model, cfg.mesh, cfg.text.batch))
 
 
 def _validation_fn(model, data: TextData, cfg: TextCfg):

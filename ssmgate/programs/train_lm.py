@@ -91,7 +91,7 @@ def describe(cfg: TrainLMCfg) -> str:
     if cfg.preset in presets.PAPER_SIZES:
         paper, total = presets.PAPER_SIZES[cfg.preset], presets.param_count(cfg.model)
         lines.append(f"  the paper states {paper / 1e6:,.0f} M: this model is {100 * (total / paper - 1):+.1f}%")
-    return "\n".join(lines + lm_runs.describe_mesh(cfg.model, cfg.mesh))
+    return "\n".join(lines + lm_runs.describe_mesh(cfg.model, cfg.mesh, cfg.task.batch))
 
 
 def run(cfg: TrainLMCfg, run_dir: str) -> dict:

@@ -69,6 +69,18 @@ def test_a_bad_flag_fails_with_its_name(bad_flag_runs, case):
     assert not (run_dir / "summary.json").exists()
 
 
+def test_dry_run_checks_the_batch_against_all_devices(tmp_path):
+    """--mesh_data=-1 (all devices) is resolved against the devices here, as the run does, and an
+    odd batch on two devices is refused by --dry_run (train and p2_lm) with the flag named."""
+    res = run_many([[*TINY, "--steps=3", "--batch=9", "--mesh_data=-1", "--dry_run"],
+                    ["--flagfile=experiments/p2/quick/lm_rope0.flags", "--batch=9", "--mesh_data=-1", "--dry_run"],
+                    [*TINY, "--steps=3", "--batch=8", "--mesh_data=-1", "--dry_run"]], env=with_cpu_devices(2))
+    for r in res[:2]:
+        assert r.returncode != 0 and "--batch=9 does not split over the data axis of 2 devices" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+    assert res[2].returncode == 0 and "mesh {'replica': 1, 'data': 2" in res[2].stdout, res[2].stderr[-2000:]
+
+
 def test_every_paper_model_file_dry_runs_with_the_papers_size():
     files = sorted((REPO / "experiments" / "models").glob("*.flags"))
     assert len(files) == 10
