@@ -137,12 +137,40 @@ def main(argv):
     print(f"[ssmgate] done: {FLAGS.run_dir}/summary.json", flush=True)
 
 
+def _parse_flags(text: str) -> dict:
+    return dict(line.split("=", 1) if "=" in line else (line, "") for line in text.splitlines() if line)
+
+
 def _flag_changes(old: str, new: str) -> str:
     """'--lr: 0.005 -> 0.01, ...' between two flags.txt texts."""
-    parse = lambda text: dict(line.split("=", 1) if "=" in line else (line, "") for line in text.splitlines() if line)
-    a, b = parse(old), parse(new)
+    a, b = _parse_flags(old), _parse_flags(new)
     return ", ".join(f"{k}: {a.get(k, '<unset>')} -> {b.get(k, '<unset>')}" for k in sorted(set(a) | set(b))
                      if a.get(k) != b.get(k)) or "none"
+
+
+def _extension(program, cfg, rd):
+    """More --steps on a run with checkpoints: (cfg on the schedule the run trained with, note), or
+    (cfg, None) when this is not an extension. The schedule's length is --steps unless
+    --schedule_steps says otherwise, and the checkpoint's optimizer state was trained on the old
+    one: keeping it changes no trained step, and the added steps run at the schedule's end value."""
+    old = rd.file("flags.txt")
+    if FLAGS["schedule_steps"].present or getattr(cfg, "optim", None) is None or not old.exists() \
+            or not any(rd.file("checkpoints").glob("[0-9]*")):
+        return cfg, None
+    before = _parse_flags(old.read_text())
+    old_steps = int(before.get("--steps", "0") or 0)
+    if FLAGS.steps is None or not 0 < old_steps < FLAGS.steps:
+        return cfg, None
+    schedule = int(before.get("--schedule_steps", "0") or 0) or old_steps
+    FLAGS.schedule_steps = schedule
+    cfg = program.config_from_flags()
+    floor = cfg.optim.lr * cfg.optim.final_lr_frac
+    if floor == 0:
+        raise ConfigError(f"--steps: {old_steps} -> {FLAGS.steps} extends a run whose schedule ends at lr 0 "
+                          f"(--opt_final_lr_frac={cfg.optim.final_lr_frac:g}): the added steps would not train; "
+                          f"expected a new --run_dir for a longer schedule")
+    return cfg, (f"extending the run from --steps={old_steps} to {FLAGS.steps} on the schedule it trained with "
+                 f"(--schedule_steps={schedule}): steps after {schedule} run at its final lr {floor:.3g}")
 
 
 def _run(program, cfg, rd) -> None:
@@ -153,6 +181,12 @@ def _run(program, cfg, rd) -> None:
     from ssmgate.train.loop import TrainingDiverged
     from ssmgate.train.preemption import EXIT_PREEMPTED, Preempted
     main_process = jax.process_index() == 0
+    try:
+        cfg, extension = _extension(program, cfg, rd)
+    except ConfigError as e:
+        raise app.UsageError(str(e)) from None
+    if extension and main_process:
+        print(f"[ssmgate] {extension}", flush=True)
     flags_text, old = resolved_flags(), rd.file("flags.txt")
     old_text = old.read_text() if main_process and old.exists() else None
     if main_process:

@@ -32,6 +32,9 @@ flags.DEFINE_boolean("ckpt_async", False, "Save checkpoints in the background (t
 flags.DEFINE_string("profile_steps", "", "FIRST:LAST: write a jax.profiler trace of these steps (1-based) into "
                     "RUN_DIR/profile (open it with TensorBoard's profile plugin or Perfetto).")
 flags.DEFINE_string("wandb_project", "", "Also log metrics to this Weights & Biases project (needs `pip install wandb`).")
+flags.DEFINE_integer("schedule_steps", 0, "Steps of the learning-rate schedule (warmup, then cosine to its floor, flat "
+                     "after); 0: --steps. Rerunning a run with more --steps sets it to the steps the run trained with, "
+                     "so the extension keeps that schedule (docs/training.md).")
 flags.DEFINE_string("sweep_lrs", "", "Sweep: peak learning rates (grid, e.g. 'logspace:-4:-2:8'); empty = --lr.")
 
 FLAGS = flags.FLAGS
@@ -57,7 +60,10 @@ def model_cfg(base: ModelCfg | None = None) -> ModelCfg:
 def optim_cfg(lr: float, steps: int) -> optim.OptimCfg:
     if not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"--steps={steps}: expected an integer >= 1 (the training steps)")
-    return dataclass_flags.build(optim.OptimCfg, optim.OptimCfg(lr=lr, total_steps=steps), prefix="opt_",
+    schedule = FLAGS.schedule_steps or steps
+    if schedule < 1:
+        raise ConfigError(f"--schedule_steps={FLAGS.schedule_steps}: expected 0 (--steps) or an integer >= 1")
+    return dataclass_flags.build(optim.OptimCfg, optim.OptimCfg(lr=lr, total_steps=schedule), prefix="opt_",
                                  skip=("lr", "total_steps"))
 
 

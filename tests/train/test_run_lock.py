@@ -67,3 +67,30 @@ def test_a_run_dir_that_cannot_be_created_is_one_clear_line(tmp_path):
     (res,) = run_many([[*TINY, "--steps=2", "--lr=5e-3", f"--run_dir={tmp_path / 'a_file' / 'run'}"]])
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert "cannot create the run directory" in res.stderr and "expected a writable directory" in res.stderr
+
+
+def test_more_steps_extend_a_run_on_the_schedule_it_trained_with(tmp_path):
+    """--steps 4 -> 6 on a finished run: accepted and recorded; the result is bit-identical to a fresh
+    6-step run on a 4-step schedule. A schedule that ends at lr 0 cannot be extended (one line)."""
+    run, ref, flat = tmp_path / "run", tmp_path / "ref", tmp_path / "flat"
+    common = [*TINY, "--lr=5e-3", "--opt_final_lr_frac=0.1", "--ckpt_every=2"]
+    first, extended, fresh, zero, zero_extended = run_many([
+        [*common, "--steps=4", f"--run_dir={run}"],
+        [*common, "--steps=6", f"--run_dir={run}"],
+        [*common, "--steps=6", "--schedule_steps=4", f"--run_dir={ref}"],
+        [*TINY, "--lr=5e-3", "--opt_final_lr_frac=0", "--steps=4", f"--run_dir={flat}"],
+        [*TINY, "--lr=5e-3", "--opt_final_lr_frac=0", "--steps=6", f"--run_dir={flat}"]])
+    for res in (first, extended, fresh, zero):
+        assert res.returncode == 0, res.stderr[-2000:]
+    assert "extending the run from --steps=4 to 6 on the schedule it trained with (--schedule_steps=4)" \
+        in extended.stdout
+    flags_txt = (run / "flags.txt").read_text()
+    assert "--steps=6" in flags_txt and "--schedule_steps=4" in flags_txt
+    steps = [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+             if r["kind"] == "train"]
+    assert steps == [2, 4, 6]
+    digest = lambda d: json.loads((d / "summary.json").read_text())["params_digest"]  # noqa: E731
+    assert digest(run) == digest(ref)
+    assert zero_extended.returncode != 0 and "Traceback" not in zero_extended.stderr
+    assert "schedule ends at lr 0 (--opt_final_lr_frac=0)" in zero_extended.stderr, zero_extended.stderr[-2000:]
+    assert "--steps=4" in (flat / "flags.txt").read_text()
