@@ -44,7 +44,7 @@ EXPERIMENTS = {
     "p1_tools": ("p1", ("tools_pretrain", "tools_sft"), p1_tools_report),
     "p2_state_tracking": ("p2", ("state_tracking_parity", "state_tracking_mod3", "state_tracking_arith"),
                           p2_state_tracking_report),
-    "p2_lm": ("p2", ("lm_rope05", "lm_rope0"), p2_lm_report),
+    "p2_lm": ("p2", ("lm_rope05", "lm_rope0", "lm_rope05_seed1", "lm_rope0_seed1"), p2_lm_report),
 }
 
 flags.DEFINE_enum("scale", "quick", SCALES, "quick (minutes), cpu (the issues' CPU runs) or paper (pods).")

@@ -35,8 +35,8 @@ flags.DEFINE_integer("score_last", _E.score_last, "Tokens scored at the end of e
 flags.DEFINE_integer("piece_len", _E.piece_len, "Tokens per forward piece of a window (the state carries over).")
 flags.DEFINE_integer("window_batch", _E.batch, "Windows per forward pass.")
 flags.DEFINE_list("lm_interventions", [], f"Phase interventions at every window size: some of {', '.join(PHASE_KINDS)}.")
-flags.DEFINE_integer("bc_window", None, "Window size of the B/C rotation-removal table (SPEC 8.4); unset = skip.")
-flags.DEFINE_integer("heatmap_window", None, "Window size of the layer-window heat map (SPEC 8.1); unset = skip.")
+flags.DEFINE_integer("bc_window", None, "Window size of the B/C rotation-removal table (SPEC 8.4); unset or 0 = skip.")
+flags.DEFINE_integer("heatmap_window", None, "Window size of the layer-window heat map (SPEC 8.1); unset or 0 = skip.")
 flags.DEFINE_integer("diag_len", 0, "State diagnostics (SPEC 8.3) over the first N tokens of books this long; 0 = skip.")
 flags.DEFINE_integer("diag_skip", 0, "Leading positions excluded from the diagnostics (SPEC: 2000).")
 flags.DEFINE_integer("diag_short", 0, "End of the diagnostics' shorter span (SPEC: 16000).")
@@ -81,7 +81,7 @@ def config_from_flags() -> p2_lm.P2LMCfg:
                          max_eval_books=FLAGS.max_eval_books, cache_dir=FLAGS.token_cache_dir)
     long_eval = LongEvalCfg(windows=_ints("lm_windows"), score_last=FLAGS.score_last, piece_len=FLAGS.piece_len,
                             batch=FLAGS.window_batch, interventions=tuple(FLAGS.lm_interventions),
-                            bc_window=FLAGS.bc_window, heatmap_window=FLAGS.heatmap_window,
+                            bc_window=FLAGS.bc_window or None, heatmap_window=FLAGS.heatmap_window or None,
                             diag_len=FLAGS.diag_len, diag_skip=FLAGS.diag_skip, diag_short=FLAGS.diag_short,
                             diag_books=FLAGS.diag_books, trajectory_len=FLAGS.trajectory_len,
                             memory_windows=_ints("memory_windows"), bucket_row_len=FLAGS.bucket_row_len,

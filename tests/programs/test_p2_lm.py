@@ -213,12 +213,16 @@ def test_memory_children_compile_at_O0_unless_the_user_set_a_level_and_without_a
 def test_flag_files_dry_run():
     # (rope05, rope0) x (paper, cpu, quick); the paper ones include experiments/models/p2_lm_187m_*.flags,
     # which test_train_lm dry-runs with the paper's sizes.
-    assert len(sorted((REPO / "experiments" / "p2").rglob("lm_*.flags"))) == 6
-    paths = ("experiments/p2/cpu/lm_rope05.flags", "experiments/p2/quick/lm_rope0.flags")
+    # and the second seed of each, which includes its seed-0 file
+    assert len(sorted((REPO / "experiments" / "p2").rglob("lm_*.flags"))) == 12
+    paths = ("experiments/p2/cpu/lm_rope05.flags", "experiments/p2/quick/lm_rope0.flags",
+             "experiments/p2/cpu/lm_rope05_seed1.flags")
     *results, bad = run_many([[f"--flagfile={path}", "--dry_run"] for path in paths] +
                              [["--flagfile=experiments/p2/quick/lm_rope05.flags", "--init_official=x.safetensors",
                                "--dry_run"]])
     for path, res in zip(paths, results):
         assert res.returncode == 0, (path, res.stderr[-2000:])
         assert "long_eval: LongEvalCfg(" in res.stdout and "mesh {" in res.stdout
+    seed1 = results[2].stdout
+    assert "interventions=(), bc_window=None, heatmap_window=None, diag_len=0" in seed1 and "shuffle_seed=1" in seed1
     assert bad.returncode != 0 and "drop --steps" in bad.stderr and "Traceback" not in bad.stderr
