@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ssmgate.plotting import pyplot
-from ssmgate.programs.report_format import report_tail, table
+from ssmgate.programs.report_format import Checks, report_tail, table
 
 RUNS = ("tools_pretrain", "tools_sft")
 WEAK_SCALES, STRONG_SCALES = ("0.06", "0.12", "0.25"), ("8", "16")   # SPEC 5.3's groups
@@ -43,18 +43,28 @@ def collect(runs: dict) -> dict:
     return entry
 
 
-def checks(entry: dict) -> dict:
+def checks(entry: dict) -> Checks:
+    """P1 Figs 4/5 at the largest pool size (strict orderings: a tie fails)."""
     if not entry.get("accuracy"):
-        return {}
+        return Checks()
     k = max(next(iter(entry["accuracy"].values())), key=int)
-    out = {}
+    out = Checks()
     weak, strong = (_group_mean(entry["accuracy"], g, k) for g in (WEAK_SCALES, STRONG_SCALES))
     if weak is not None and strong is not None:
-        out[f"weak_gate_accuracy_above_strong_at_k{k}"] = weak > strong
+        out.add(f"weak_gate_accuracy_above_strong_at_k{k}", weak > strong,
+                f"P1 Fig 4: with k = {k} retrieved tools the weak gates call the right tool more often than the "
+                "strong gates", "acceptance, P1 Fig 4/5: weak - strong accuracy > 0 at k = 72")
     h = entry["hallucination"]
     if "16" in h and "0.06" in h:
-        out[f"hallucination_s16_above_s0.06_at_k{k}"] = h["16"][k] > h["0.06"][k]
+        out.add(f"hallucination_s16_above_s0.06_at_k{k}", h["16"][k] > h["0.06"][k],
+                f"P1 Fig 5: with k = {k} the strong gate (s = 16) names tools outside the pool more often than "
+                "the weak (s = 0.06)", "acceptance, P1 Fig 4/5: hallucination(s=16) > hallucination(s=0.06)")
     return out
+
+
+def recheck(entry: dict) -> Checks:
+    """The checks of a summary entry written earlier (its runs' folders gone)."""
+    return checks(entry)
 
 
 def _figure(entry: dict, path: Path, k_max_train) -> None:

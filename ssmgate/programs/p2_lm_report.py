@@ -1,8 +1,10 @@
 """The P2 language-modelling section of the reproduction report and its summary entry `p2_lm`.
 
 `build(runs, ...)` takes the summaries of the `lm_rope05` (rotation) and `lm_rope0` (no rotation)
-runs of ssmgate.programs.p2_lm (either may be missing) and returns
-  ({"ppl": {variant: held-out PPL}, "window_ppl": {variant: {C: PPL}},
+runs of ssmgate.programs.p2_lm and of their second seeds `*_seed1` (any may be missing) and returns
+  ({"ppl": {variant: held-out PPL of seed 0}, "window_ppl": {variant: {C: PPL}},
+    "ppl_seeds": {variant: [PPL per seed]}, "window_ppl_seeds": {variant: {C: [PPL per seed]}},
+    "bucket_ppl_seeds": {variant: {"lo-hi": [PPL per seed]}},
     "intervention_ratio": {intervention: {C: ratio to native}},
     "bc_removal_ratio": {remove_B | remove_C | remove_both: ratio},
     "state_stats": {native | removed: {cosine, rms}} (the long span; "state_stats_by_span" has both),
@@ -19,9 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from ssmgate.plotting import pyplot
-from ssmgate.programs.report_format import report_tail, table
+from ssmgate.programs import check_bars as bars
+from ssmgate.programs.report_format import Checks, report_tail, table
 
-RUNS = {"lm_rope05": "rotation", "lm_rope0": "no_rotation"}
+RUNS = {"lm_rope05": "rotation", "lm_rope0": "no_rotation"}  # seed 0: every measurement
+SEED_RUNS = {"lm_rope05": ("rotation", 0), "lm_rope0": ("no_rotation", 0),  # the seed spread of the PPL claims
+             "lm_rope05_seed1": ("rotation", 1), "lm_rope0_seed1": ("no_rotation", 1)}
 INTERVENTION_NAMES = {"decay_permutation": "decay permutation", "phase_shuffle": "phase shuffle",
                       "phase_removal": "phase removal", "phase_reversal": "phase reversal"}
 # SPEC 8.2 Table 5: ratio to native PPL at 2K / 16K / 64K, SISO and MIMO 1.5B.
@@ -33,7 +38,6 @@ PAPER_TABLE5 = {
 }
 PAPER_TABLE7 = {"remove_B": (9.04, 4.89), "remove_C": (12.18, 5.74), "remove_both": (2.08, 2.90)}  # SISO, MIMO at 64K
 PAPER_TABLE6 = {"short": ((0.293, 0.429), (7.635, 8.899)), "long": ((0.294, 0.474), (7.621, 9.437))}  # SISO 16K, 64K
-MEMORY_GROWTH_FRACTION = 0.1  # of what scoring the longest window in one piece adds
 
 
 def collect(runs: dict) -> dict:
@@ -49,6 +53,14 @@ def collect(runs: dict) -> dict:
         entry["params"][variant] = s["params"]
         if "bucket_ppl" in s["long_eval"]:
             entry.setdefault("bucket_ppl", {})[variant] = s["long_eval"]["bucket_ppl"]
+    for run, (variant, _seed) in SEED_RUNS.items():  # seed 0 first: the runs above
+        if run in runs:
+            entry.setdefault("ppl_seeds", {}).setdefault(variant, []).append(runs[run]["ppl"])
+            for c, v in runs[run]["long_eval"]["window_ppl"].items():
+                entry.setdefault("window_ppl_seeds", {}).setdefault(variant, {}).setdefault(c, []).append(v)
+            for span, v in runs[run]["long_eval"].get("bucket_ppl", {}).items():
+                if "-" in span:
+                    entry.setdefault("bucket_ppl_seeds", {}).setdefault(variant, {}).setdefault(span, []).append(v)
     rot = runs.get("lm_rope05", {}).get("long_eval", {})
     for key in ("intervention_ratio", "intervention_ppl", "bc_removal_ratio", "bc_removal_ppl", "bc_window",
                 "layer_heatmap", "memory", "n_windows"):
@@ -62,35 +74,83 @@ def collect(runs: dict) -> dict:
     return entry
 
 
-def checks(entry: dict) -> dict:
-    """The issue's 'what it must show' items, on whatever was measured."""
-    out = {}
-    ppl, win = entry["ppl"], entry["window_ppl"]
-    if {"rotation", "no_rotation"} <= set(ppl):
-        out["rotation_heldout_ppl_below_no_rotation"] = ppl["rotation"] < ppl["no_rotation"]
-        shared = [c for c in win["rotation"] if c in win["no_rotation"] and win["rotation"][c] is not None]
-        out["rotation_window_ppl_below_no_rotation_every_C"] = all(
-            win["rotation"][c] < win["no_rotation"][c] for c in shared)
+def _below_beyond_spread(low: list, high: list) -> bool:
+    """Every seed of `low` strictly below every seed of `high`, with >= lm_min_seeds seeds each: the
+    gap is larger than the spread between seeds (a tie, or one seed, fails)."""
+    n = bars.bar("lm_min_seeds")
+    clean = lambda vs: [v for v in vs if v is not None]  # noqa: E731
+    low, high = clean(low), clean(high)
+    return len(low) >= n and len(high) >= n and max(low) < min(high)
+
+
+def _strictly_increasing(values) -> bool:
+    return len(values) > 1 and all(v is not None for v in values) and all(a < b for a, b in zip(values, values[1:]))
+
+
+def checks(entry: dict) -> Checks:
+    """The P2 LM claims at the papers' bars (check_bars.py); every ordering strict."""
+    out = Checks()
+    seeds, win_seeds = entry.get("ppl_seeds", {}), entry.get("window_ppl_seeds", {})
+    if {"rotation", "no_rotation"} <= set(entry["ppl"]):
+        n = {v: len(seeds.get(v, [])) for v in ("rotation", "no_rotation")}
+        out.add("rotation_heldout_ppl_below_no_rotation_beyond_seed_spread",
+                _below_beyond_spread(seeds.get("rotation", []), seeds.get("no_rotation", [])),
+                f"P2 Fig 7 / Table 3: rotation has the lower held-out PPL, every seed below every seed "
+                f"({n['rotation']} and {n['no_rotation']} seeds)", bars.source("lm_min_seeds"))
+        rot, norot = win_seeds.get("rotation", {}), win_seeds.get("no_rotation", {})
+        shared = sorted(set(rot) & set(norot), key=int)
+        out.add("rotation_window_ppl_below_no_rotation_every_C_beyond_seed_spread",
+                bool(shared) and all(_below_beyond_spread(rot[c], norot[c]) for c in shared),
+                "P2 Fig 3: rotation has the lower windowed PPL at every window size C, beyond the seed spread",
+                bars.source("lm_min_seeds"))
+    buckets = entry.get("bucket_ppl_seeds", {})
+    if {"rotation", "no_rotation"} <= set(buckets):
+        shared = sorted(set(buckets["rotation"]) & set(buckets["no_rotation"]), key=lambda k: int(k.split("-")[0]))
+        out.add("rotation_bucket_ppl_below_no_rotation_every_bucket_beyond_seed_spread",
+                bool(shared) and all(_below_beyond_spread(buckets["rotation"][k], buckets["no_rotation"][k])
+                                     for k in shared),
+                "P2 Fig 6: rotation has the lower PPL in every position bucket, beyond the seed spread",
+                bars.source("lm_min_seeds"))
     ratios = entry.get("intervention_ratio")
     if ratios:
-        out["every_phase_intervention_ratio_gt_1"] = all(
-            r is not None and r > 1.0 for row in ratios.values() for r in row.values())
+        bar = bars.bar("lm_table5_ratio")
+        out.add(f"every_phase_intervention_ratio_gt_{bar:g}",
+                all(r is not None and r > bar for row in ratios.values() for r in row.values()),
+                f"P2 Table 5: every intervention raises PPL by more than x{bar:g} at every C",
+                bars.source("lm_table5_ratio"))
+        out.add("every_intervention_ratio_grows_with_window",
+                all(_strictly_increasing([row[c] for c in sorted(row, key=int)]) for row in ratios.values()),
+                "P2 Table 5 (SISO): each intervention's ratio grows strictly with the window C",
+                "acceptance, P2 Table 5: SISO ratios grow with C")
     bc = entry.get("bc_removal_ratio")
     if bc:
-        out["remove_B_and_remove_C_each_worse_than_remove_both"] = (
-            bc["remove_B"] > bc["remove_both"] and bc["remove_C"] > bc["remove_both"])
+        out.add("table7_remove_C_gt_remove_B_gt_remove_both_gt_native",
+                bc["remove_C"] > bc["remove_B"] > bc["remove_both"] > 1.0,
+                "P2 Table 7: removing C's rotation hurts more than B's, either more than both, both more than none",
+                "acceptance, P2 Table 7: remove-C >= remove-B > remove-both > native (strict here)")
     stats = entry.get("state_stats_by_span")
     if stats:
         spans = list(stats["native"])
-        out["cosine_rises_after_phase_removal"] = all(
-            stats["removed"][s]["cosine"] > stats["native"][s]["cosine"] for s in spans)
-        out["rms_rises_after_phase_removal"] = all(stats["removed"][s]["rms"] > stats["native"][s]["rms"]
-                                                   for s in spans)
+        out.add("cosine_rises_after_phase_removal",
+                all(stats["removed"][s]["cosine"] > stats["native"][s]["cosine"] for s in spans),
+                "P2 Table 6: the history/update cosine is larger after phase removal, at both spans",
+                "acceptance, P2 Table 6")
+        out.add("rms_rises_after_phase_removal", all(stats["removed"][s]["rms"] > stats["native"][s]["rms"]
+                                                     for s in spans),
+                "P2 Table 6: the RMS state norm is larger after phase removal, at both spans", "acceptance, P2 Table 6")
     mem = entry.get("memory")
     if mem:
-        out["window_memory_growth_below_a_tenth_of_unchunked_extra"] = (
-            mem["growth_mb"] < MEMORY_GROWTH_FRACTION * mem["unchunked_extra_mb"])
+        frac = bars.bar("lm_memory_growth")
+        out.add("window_memory_growth_below_a_tenth_of_unchunked_extra",
+                mem["growth_mb"] < frac * mem["unchunked_extra_mb"],
+                "ours: scoring a window in state-carrying pieces needs memory independent of its length",
+                bars.source("lm_memory_growth"))
     return out
+
+
+def recheck(entry: dict) -> Checks:
+    """The checks of a summary entry written earlier (its runs' folders gone)."""
+    return checks(entry)
 
 
 def _window_axis(ax, sizes) -> None:
@@ -167,7 +227,7 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
     entry["wall_s"] = walls
     lines = [f"## P2 language modelling and interventions ({scale} scale)", ""]
     if not entry["ppl"]:
-        return entry, "\n".join(lines + report_tail({}, list(RUNS), changes)) + "\n"
+        return entry, "\n".join(lines + report_tail({}, list(SEED_RUNS), changes)) + "\n"
     win = entry["window_ppl"]
     sizes = sorted({c for row in win.values() for c in row}, key=int)
     rows = [[v.replace("_", " "), f"{entry['params'][v]:,}", _fmt(entry["ppl"][v]),
@@ -176,6 +236,10 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
               "tokens of every window, pooled) on the evaluation books. The paper (Fig 3, 7) has rotation lower "
               "at every window size and during training.", "",
               table(["model", "params", "held-out PPL", *[f"C={c}" for c in sizes]], rows)]
+    seeds = entry.get("ppl_seeds", {})
+    if seeds:
+        lines += ["Held-out PPL per seed (the claims above count only a gap larger than this spread): " + "; ".join(
+            f"{v.replace('_', ' ')} " + " / ".join(_fmt(x) for x in vs) for v, vs in seeds.items()) + ".", ""]
     _ppl_figure(entry, figure_dir / "p2_lm_ppl.png")
     lines += ["![PPL](figures/p2_lm_ppl.png)", ""]
     buckets = entry.get("bucket_ppl", {})
@@ -238,5 +302,5 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
                   f"some 20 MB); the longest window in one piece needs {mem['unchunked_extra_mb']:.0f} MB more "
                   f"(its logits alone are {mem['full_logits_mb']:.1f} MB).", "",
                   table(["window (tokens)", "piece (tokens)", "peak RSS (MB)"], rows)]
-    lines += report_tail(entry["checks"], [r for r in RUNS if r not in runs], changes)
+    lines += report_tail(entry["checks"], [r for r in SEED_RUNS if r not in runs], changes)
     return entry, "\n".join(lines) + "\n"

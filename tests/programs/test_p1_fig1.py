@@ -251,7 +251,7 @@ def test_report_gathers_the_panels(tiny_runs, tmp_path):
         "fig1a_crossing_alpha0_in_[0.15,0.21]", "fig1b_escape_steps_strictly_increasing",
         "fig1b_sgd_over_flow_within_40pct", "fig1c_rise_then_fall_for_delta_ge_16",
         "fig1c_no_decay_accuracy_within_0.02_of_theory_%.3f_at_this_size" % runs["fig1c"]["no_decay_theory"],
-        "fig1cd_max_abs_diff_to_bayes_le_0.03"}
+        "fig1cd_max_abs_diff_to_bayes_per_distance_le_0.03"}
     for p in "abcd":
         assert (tmp_path / "figures" / f"fig1{p}.png").exists()
         assert f"figures/fig1{p}.png" in md

@@ -210,7 +210,8 @@ def _curve(offset, seed, values):
 
 
 def first_summary(escape=None, plateau=0.65):
-    escape = escape or {"-6": [300, 400, 500], "-2": [600, 700, 800], "0": [None, None, None], "2": [None, None, None]}
+    # every gate escapes, the median linear in e^delta (400 + 160 e^delta): every check passes
+    escape = escape or {"-6": [390, 400, 410], "-2": [411, 421, 431], "0": [550, 560, 570], "2": [1572, 1582, 1592]}
     curves = []
     for o, steps in escape.items():
         for seed, e in enumerate(steps):
@@ -235,7 +236,7 @@ def lengen(means_at_128: dict, seeds=2):
 
 def runs(**kw):
     return {"kv_best_first": first_summary(**{k: v for k, v in kw.items() if k in ("escape", "plateau")}),
-            "kv_best_last": lengen(kw.get("lengen", {"-6": 0.1, "-2": 0.2, "0": 0.3, "2": 0.4})),
+            "kv_best_last": lengen(kw.get("lengen", {"-6": 0.1, "-2": 0.2, "0": 0.3, "2": 0.8})),
             "kv_transformer": lengen({"0": 0.02})}
 
 
@@ -244,11 +245,12 @@ def test_report_entry_checks_and_figures(tmp_path):
                                tmp_path / "figures", tmp_path)
     assert entry["escape_step"] == runs()["kv_best_first"]["escape_step_by_offset"]
     assert entry["plateau_accuracy"] == 0.65 and entry["escape_fit_r2"] is not None
-    assert entry["lengen_accuracy"]["2"]["128"] == pytest.approx(0.4)
+    assert entry["lengen_accuracy"]["2"]["128"] == pytest.approx(0.8)
     assert list(entry["lengen_accuracy"]) == ["-6", "-2", "0", "2"]
     assert entry["transformer_lengen_accuracy"]["128"] == pytest.approx(0.02)
-    assert entry["checks"] == {"plateau_within_0.06_of_memoriser": True, "escape_non_decreasing_in_offset": True,
-                               "smallest_offset_escapes": True, "strongest_gate_best_at_4N": True}
+    assert entry["checks"] == {"plateau_within_0.06_of_memoriser": True, "escape_strictly_later_as_offset_grows": True,
+                               "smallest_offset_escapes": True, "escape_fit_r2_ge_0.7": True,
+                               "strongest_gate_strictly_best_at_4N": True, "strongest_gate_above_memoriser_at_4N": True}
     for name in ("p1_kv_fig2a.png", "p1_kv_fig2b.png", "p1_kv_fig2c.png"):
         assert (tmp_path / "figures" / name).stat().st_size > 10_000
         assert f"figures/{name}" in text
@@ -267,11 +269,19 @@ def test_report_writes_step_counts_in_whole_steps(tmp_path):
 
 @pytest.mark.parametrize("kw, failing", [
     (dict(plateau=0.45), ["plateau_within_0.06_of_memoriser"]),
-    (dict(escape={"-6": [300, 400, 500], "-2": [100, 200, 250], "0": [None] * 3, "2": [None] * 3}),
-     ["escape_non_decreasing_in_offset"]),
+    (dict(escape={"-6": [300, 400, 500], "-2": [100, 200, 250], "0": [590, 600, 610], "2": [1572, 1582, 1592]}),
+     ["escape_strictly_later_as_offset_grows"]),
+    (dict(escape={"-6": [390, 400, 410], "-2": [411, 421, 431], "0": [None] * 3, "2": [None] * 3}),
+     ["escape_strictly_later_as_offset_grows", "escape_fit_r2_ge_0.7"]),  # two gates that never escape tie
     (dict(escape={"-6": [None, None, 500], "-2": [None] * 3, "0": [None] * 3, "2": [None] * 3}),
-     ["smallest_offset_escapes"]),
-    (dict(lengen={"-6": 0.5, "-2": 0.2, "0": 0.3, "2": 0.4}), ["strongest_gate_best_at_4N"]),
+     ["escape_strictly_later_as_offset_grows", "smallest_offset_escapes", "escape_fit_r2_ge_0.7"]),
+    (dict(escape={"-6": [100, 400, 2000], "-2": [410, 421, 431], "0": [300, 560, 1900], "2": [1000, 1582, 1600]}),
+     ["escape_fit_r2_ge_0.7"]),
+    (dict(lengen={"-6": 0.5, "-2": 0.2, "0": 0.3, "2": 0.4}), ["strongest_gate_strictly_best_at_4N",
+                                                              "strongest_gate_above_memoriser_at_4N"]),
+    (dict(lengen={"-6": 0.5, "-2": 0.2, "0": 0.3, "2": 0.5}), ["strongest_gate_strictly_best_at_4N",  # a tie
+                                                              "strongest_gate_above_memoriser_at_4N"]),
+    (dict(lengen={"-6": 0.1, "-2": 0.2, "0": 0.3, "2": 0.6}), ["strongest_gate_above_memoriser_at_4N"]),
 ])
 def test_each_check_can_fail(tmp_path, kw, failing):
     entry, _ = report.build(runs(**kw), "quick", {}, {}, tmp_path / "figures", tmp_path)
@@ -280,5 +290,5 @@ def test_each_check_can_fail(tmp_path, kw, failing):
 
 def test_report_with_only_the_best_first_run(tmp_path):
     entry, text = report.build({"kv_best_first": first_summary()}, "quick", {}, {}, tmp_path / "figures", tmp_path)
-    assert "lengen_accuracy" not in entry and "strongest_gate_best_at_4N" not in entry["checks"]
+    assert "lengen_accuracy" not in entry and "strongest_gate_strictly_best_at_4N" not in entry["checks"]
     assert "kv_best_last, kv_transformer" in text and not (tmp_path / "figures" / "p1_kv_fig2c.png").exists()

@@ -118,7 +118,10 @@ def test_the_report_section_and_summary_entry(trained, tmp_path):
     worse["ppl"] *= 1.5
     worse["long_eval"] = {k: worse["long_eval"][k] for k in ("window_ppl", "window_accuracy")}
     worse["long_eval"]["window_ppl"] = {c: v * 1.5 for c, v in s["long_eval"]["window_ppl"].items()}
-    runs = {"lm_rope05": s, "lm_rope0": worse}
+    seed1, worse1 = json.loads(json.dumps(s)), json.loads(json.dumps(worse))
+    seed1["ppl"] *= 1.01
+    worse1["ppl"] *= 1.01
+    runs = {"lm_rope05": s, "lm_rope0": worse, "lm_rope05_seed1": seed1, "lm_rope0_seed1": worse1}
     entry, md = p2_lm_report.build(runs, "quick", {"lm_rope05": [], "lm_rope0": []}, {}, tmp_path / "fig",
                                    run_dir.parent)
     assert entry["ppl"] == {"rotation": s["ppl"], "no_rotation": worse["ppl"]}
@@ -126,15 +129,16 @@ def test_the_report_section_and_summary_entry(trained, tmp_path):
     assert entry["intervention_ratio"] == s["long_eval"]["intervention_ratio"]
     assert set(entry["bc_removal_ratio"]) == {"remove_B", "remove_C", "remove_both"}
     assert set(entry["state_stats"]) == {"native", "removed"} and "cosine" in entry["state_stats"]["native"]
-    assert entry["checks"]["rotation_heldout_ppl_below_no_rotation"] is True
-    assert entry["checks"]["rotation_window_ppl_below_no_rotation_every_C"] is True
-    assert "every_phase_intervention_ratio_gt_1" in entry["checks"]
+    assert entry["ppl_seeds"] == {"rotation": [s["ppl"], seed1["ppl"]], "no_rotation": [worse["ppl"], worse1["ppl"]]}
+    assert entry["checks"]["rotation_heldout_ppl_below_no_rotation_beyond_seed_spread"] is True
+    assert entry["checks"]["rotation_window_ppl_below_no_rotation_every_C_beyond_seed_spread"] is True
+    assert "every_phase_intervention_ratio_gt_1.15" in entry["checks"] and "held-out ppl per seed" in md.lower()
     assert (tmp_path / "fig" / "p2_lm_ppl.png").exists() and (tmp_path / "fig" / "p2_lm_layer_heatmap.png").exists()
     assert "| model | params | held-out PPL | C=64 | C=128 |" in md and "paper SISO" in md
     assert entry["bucket_ppl"]["rotation"] == s["long_eval"]["bucket_ppl"] and "| model | rows | [0, 32) |" in md
     entry, md = p2_lm_report.build({"lm_rope05": s}, "quick", {}, {}, tmp_path / "fig", run_dir.parent)
-    assert "Runs without a summary (failed or not run): lm_rope0" in md
-    assert "rotation_heldout_ppl_below_no_rotation" not in entry["checks"]
+    assert "Runs without a summary (failed or not run): lm_rope0, lm_rope05_seed1, lm_rope0_seed1" in md
+    assert "rotation_heldout_ppl_below_no_rotation_beyond_seed_spread" not in entry["checks"]
 
 
 def test_a_model_without_rotation_gets_only_the_native_numbers(tmp_path):

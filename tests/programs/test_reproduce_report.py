@@ -22,17 +22,20 @@ def test_partial_invocation_keeps_earlier_experiments(tmp_path):
     assert reproduce.earlier_sections(text) == {"p1_fig1": "## Fig 1\nfig1 text", "p1_kv": "## KV\nnew kv"}
     written = json.loads(where.file("summary.json").read_text())
     assert written == summary
-    assert written["failed_runs"] == ["p1_kv/kv_best_last"] and written["p1_fig1"] == {"value": "p1_fig1"}
+    # a kept entry is checked again by today's checks (none for this stand-in entry)
+    assert written["failed_runs"] == ["p1_kv/kv_best_last"] and written["p1_fig1"] == {"value": "p1_fig1", "checks": {}}
+    assert text.index("## What reproduced") < text.index("## Fig 1") and set(written["claims"]) == {
+        c.key for c in reproduce.claims.CLAIMS}
 
 
 def test_other_scale_or_unmarked_report_is_not_kept(tmp_path):
     where = RunDir(str(tmp_path))
     _write(where, {"p1_fig1": "## Fig 1\n"}, scale="quick")
     text, summary = _write(where, {"p1_kv": "## KV\n"}, scale="cpu")
-    assert "Fig 1" not in text and "p1_fig1" not in summary
+    assert "## Fig 1" not in text and "p1_fig1" not in summary
     where.write_text("report.md", "# an old report without markers\n## Fig 1\n")
     text, _ = _write(where, {"p1_kv": "## KV\n"}, scale="cpu")
-    assert "Fig 1" not in text
+    assert "## Fig 1" not in text
 
 
 def test_runs_share_one_compilation_cache_unless_the_user_set_one(monkeypatch):

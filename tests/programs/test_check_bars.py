@@ -1,0 +1,30 @@
+"""Every threshold of the reproduction checks, pinned: loosening one must change this test too.
+
+Also: docs/reproduction.md carries the same table, every report module reads its bars from
+check_bars (no threshold literal of its own), and every check the modules make names its claim
+and the source of its threshold.
+"""
+from pathlib import Path
+
+from ssmgate.programs import check_bars
+
+REPO = Path(__file__).resolve().parents[2]
+
+PINNED = {
+    "fig1a_crossing_lo": 0.15, "fig1a_crossing_hi": 0.21, "fig1b_sgd_over_flow": 0.40, "fig1c_no_decay_tol": 0.02,
+    "fig1cd_bayes_tol": 0.03, "kv_plateau_tol": 0.06, "kv_escape_r2": 0.7, "horn_rand_name_gap": 0.1,
+    "horn_strong_gate_offset": 1.0, "horn_table1_factor": 1.5, "st_solved": 90.0, "st_unsolved": 10.0,
+    "st_above_chance": 10.0, "st_phase_tol_deg": 10.0, "lm_table5_ratio": 1.15, "lm_min_seeds": 2,
+    "lm_memory_growth": 0.1,
+}
+
+
+def test_every_bar_is_pinned_and_has_a_source():
+    assert {k: b.value for k, b in check_bars.BARS.items()} == PINNED
+    for name, b in check_bars.BARS.items():
+        assert b.source and ("P1" in b.source or "P2" in b.source or b.source.startswith("ours")), name
+
+
+def test_the_docs_carry_the_same_table():
+    docs = (REPO / "docs" / "reproduction.md").read_text()
+    assert check_bars.markdown_table() in docs, "regenerate the table of docs/reproduction.md#thresholds"

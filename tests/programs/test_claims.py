@@ -1,0 +1,107 @@
+"""The claim table and the checks behind it: statuses come from checks, ties fail, every check is
+explained and belongs to a claim."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ssmgate import reproduce
+from ssmgate.programs import (claims, p1_horn_report, p1_kv_report, p2_lm_report, p2_state_tracking_report)
+
+REPO = Path(__file__).resolve().parents[2]
+COMMITTED = json.loads((REPO / "docs" / "reproduction" / "summary.json").read_text())
+# checks about this project's own budgets, not a paper's claim
+NOT_A_PAPER_CLAIM = {"cpu_grid_within_60_min", "window_memory_growth_below_a_tenth_of_unchunked_extra"}
+
+
+def test_statuses_come_from_the_checks():
+    claim = claims.Claim("X", "c", "p", "exp", (r"^a_", r"^b$"))
+    assert claims.status(claim, {"exp": {"checks": {"a_1": True, "b": True, "c": False}}}) == \
+        ("reproduced", "2 of 2 checks pass")
+    assert claims.status(claim, {"exp": {"checks": {"a_1": True, "b": False}}})[0] == "partly"
+    assert claims.status(claim, {"exp": {"checks": {"a_1": False, "b": False}}})[0] == "not reproduced"
+    assert claims.status(claim, {"exp": {"checks": {"c": True}}})[0] == "not attempted"
+    assert claims.status(claim, {})[0] == "not attempted"
+    unchecked = claims.Claim("Y", "c", "p", "exp", unchecked="why")
+    assert claims.status(unchecked, {"exp": {"checks": {"a_1": True}}}) == ("not attempted", "why")
+
+
+def test_every_figure_and_table_has_a_row():
+    keys = [c.key for c in claims.CLAIMS]
+    assert len(keys) == len(set(keys))
+    for artefact in ("P1 Fig 1a", "P1 Fig 1b", "P1 Fig 1c", "P1 Fig 1d", "P1 Fig 2a", "P1 Fig 2b", "P1 Fig 2c",
+                     "P1 Fig 3b", "P1 Fig 3c", "P1 Fig 3d", "P1 Table 1", "P1 Fig 4", "P2 theory", "P2 Fig 5",
+                     "P2 Figs 3/7", "P2 Fig 6", "P2 Figs 8-9", "P2 Tables 3-4", "P2 Table 5", "P2 Table 6",
+                     "P2 Table 7", "P2 Fig 2", "P2 Fig 4", "P2 MIMO contrasts"):
+        assert artefact in keys
+    assert sum(k.startswith("P1 Fig 5") for k in keys) == 2 and sum(k.startswith("P2 Table 2") for k in keys) == 3
+    for c in claims.CLAIMS:
+        assert c.experiment is None or c.experiment in reproduce.EXPERIMENTS, c.key
+        assert c.checks or c.unchecked, c.key
+
+
+@pytest.mark.parametrize("experiment", list(reproduce.EXPERIMENTS))
+def test_every_check_of_the_committed_numbers_is_explained_and_claimed(experiment):
+    entry = COMMITTED[experiment]
+    checks = reproduce.EXPERIMENTS[experiment][2].recheck(entry)
+    assert checks, experiment
+    patterns = [p for c in claims.CLAIMS if c.experiment == experiment for p in c.checks]
+    for name in checks:
+        claim, source = checks.notes[name]
+        assert claim and source, name
+        assert name in NOT_A_PAPER_CLAIM or any(re.search(p, name) for p in patterns), name
+
+
+def test_ties_fail():
+    """Orderings are strict: equal values never pass."""
+    tie_kv = {"lengen_accuracy": {"-6": {"128": 0.5}, "0": {"128": 0.666}, "2": {"128": 0.666}},
+              "memoriser_accuracy": 0.666, "lengen_n": "128"}
+    kv = p1_kv_report.checks({}, tie_kv)
+    assert kv["strongest_gate_strictly_best_at_4N"] is False and kv["strongest_gate_above_memoriser_at_4N"] is False
+    never = p1_kv_report.checks({}, {"escape_step": {"-6": [100], "0": [None], "2": [None]}})
+    assert never["escape_strictly_later_as_offset_grows"] is False
+    horn = p1_horn_report.checks({"lengen_accuracy": {"-6": {"64": 0.4}, "0": {"64": 1.0}, "3": {"64": 1.0}},
+                                  "transformer_lengen_accuracy": {"64": 1.0}})
+    assert horn["lengen_strong_gate_strictly_best_at_largest_k"] is False
+    assert horn["lengen_strongest_beats_transformer_at_largest_k"] is False
+    weak_strongest = p1_horn_report.checks({"lengen_accuracy": {"-6": {"64": 0.4}, "0": {"64": 1.0}}})
+    assert weak_strongest["lengen_strong_gate_strictly_best_at_largest_k"] is False  # no gate >= +1 ran
+    st = p2_state_tracking_report.checks({"scaled_accuracy": {"underdamped": {"arith": 50.0},
+                                                              "overdamped": {"arith": 50.0}}, "phase_code": {}})
+    assert st["arith_underdamped_best_and_ge_10"] is False
+    lm = p2_lm_report.checks({"ppl": {"rotation": 4.0, "no_rotation": 4.1}, "window_ppl": {},
+                              "ppl_seeds": {"rotation": [4.0, 4.2], "no_rotation": [4.1, 4.3]},
+                              "bc_removal_ratio": {"remove_C": 6.0, "remove_B": 6.0, "remove_both": 2.0}})
+    assert lm["rotation_heldout_ppl_below_no_rotation_beyond_seed_spread"] is False  # the seeds overlap
+    assert lm["table7_remove_C_gt_remove_B_gt_remove_both_gt_native"] is False
+    one_seed = p2_lm_report.checks({"ppl": {"rotation": 4.0, "no_rotation": 5.0}, "window_ppl": {},
+                                    "ppl_seeds": {"rotation": [4.0], "no_rotation": [5.0]}})
+    assert one_seed["rotation_heldout_ppl_below_no_rotation_beyond_seed_spread"] is False
+    apart = p2_lm_report.checks({"ppl": {"rotation": 4.0, "no_rotation": 5.0}, "window_ppl": {},
+                                 "ppl_seeds": {"rotation": [4.0, 4.1], "no_rotation": [5.0, 4.2]}})
+    assert apart["rotation_heldout_ppl_below_no_rotation_beyond_seed_spread"] is True
+
+
+def test_a_report_from_earlier_numbers_opens_with_the_claim_table_and_rechecks_them(tmp_path):
+    """--report_only without run folders keeps each section, with today's checks and the claim table."""
+    out, docs = tmp_path / "out", tmp_path / "docs"
+    for d in (out, docs):
+        d.mkdir()
+        for f in ("report.md", "summary.json"):
+            (d / f).write_text((REPO / "docs" / "reproduction" / f).read_text())
+    res = subprocess.run([sys.executable, "-m", "ssmgate.reproduce", "--scale=cpu", "--report_only",
+                          f"--out_dir={out}", f"--docs_dir={docs}"], cwd=REPO, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    text = (docs / "report.md").read_text()
+    assert text.index("## What reproduced") < text.index("<!-- experiment:p1_fig1 -->")
+    summary = json.loads((docs / "summary.json").read_text())
+    for name, row in summary["claims"].items():
+        assert row["status"] in claims.STATUSES, name
+    for experiment in reproduce.EXPERIMENTS:
+        for check, passed in summary[experiment]["checks"].items():
+            assert f"| {check} |" in text, check
+    assert "| check | claim | threshold from | pass |" in text
+    assert "| check | pass |" not in text and "| check | holds |" not in text
