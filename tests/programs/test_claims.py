@@ -58,7 +58,7 @@ def test_every_check_of_the_committed_numbers_is_explained_and_claimed(experimen
 def test_ties_fail():
     """Orderings are strict: equal values never pass."""
     tie_kv = {"lengen_accuracy": {"-6": {"128": 0.5}, "0": {"128": 0.666}, "2": {"128": 0.666}},
-              "memoriser_accuracy": 0.666, "lengen_n": "128"}
+              "lengen_memoriser_accuracy": 0.666, "lengen_n": "128"}
     kv = p1_kv_report.checks({}, tie_kv)
     assert kv["strongest_gate_strictly_best_at_4N"] is False and kv["strongest_gate_above_memoriser_at_4N"] is False
     never = p1_kv_report.checks({}, {"escape_step": {"-6": [100], "0": [None], "2": [None]}})

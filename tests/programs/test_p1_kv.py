@@ -231,7 +231,7 @@ def lengen(means_at_128: dict, seeds=2):
         for n, frac in (("32", 1.0), ("64", 0.8), ("128", None)):
             m = top if frac is None else min(1.0, 0.9 * frac + 0.1 * top)
             acc[o][n] = p1_kv.t_interval([m - 0.02, m + 0.02][:seeds])
-    return {"kv": {"n_max": 32, "m": 4, "eps": 0.1}, "lengen_accuracy": acc}
+    return {"kv": {"n_max": 32, "m": 4, "eps": 0.1}, "lengen_accuracy": acc, "memoriser_accuracy": 0.9 ** 4}
 
 
 def runs(**kw):
