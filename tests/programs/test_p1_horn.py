@@ -257,7 +257,7 @@ def test_every_flag_file_dry_runs():
     assert "total_steps=3000" in cpu and "name='muon', lr=0.001" in cpu and "n_layers=4" in cpu
     assert "'early' = first eval at or after step 1500" in cpu and "mesh {'replica': 2" in cpu
     cpu_lengen = parts[str(REPO / "experiments/p1/cpu/horn_lengen.flags")]
-    assert "length generalisation k = 64: 1299 tokens" in cpu_lengen and "offsets -6, -2, 0 x seeds 0..1" in cpu_lengen
+    assert "length generalisation k = 64: 1299 tokens" in cpu_lengen and "offsets -6, -2, 0, 1, 3 x seeds 0..1" in cpu_lengen
     assert "offsets 0 x seeds" in parts[str(REPO / "experiments/p1/quick/horn_transformer.flags")]
 
 
