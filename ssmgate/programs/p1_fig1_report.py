@@ -45,7 +45,7 @@ def _checks(runs, at_paper_size: bool) -> Checks:
         # Fig 1d compared at every single distance, not in bins (binning averages deviations away)
         gaps = [c["max_abs_diff_to_bayes"]] if c else []
         if d:
-            gaps.append(d.get("max_abs_diff_to_bayes_per_distance", d["max_abs_diff_to_bayes"]))
+            gaps.append(d["max_abs_diff_to_bayes_per_distance"])
         checks.add(f"fig1cd_max_abs_diff_to_bayes_per_distance_le_{tol:g}", max(gaps) <= tol,
                    "P1 Fig 1c/d: the trained models score the Bayes-optimal accuracy at every tau and distance",
                    bars.source("fig1cd_bayes_tol"))
