@@ -1,8 +1,9 @@
 """The absl entry point: `python -m ssmgate.main --flagfile=experiments/p1/fig1a.flags [--run_dir=...]`.
 
-Thin by design: parse the flags, pick the program, check its configuration, write the resolved
-flags to the run directory, run. A bad flag stops the run before any work with a message that
-names the flag and what it accepts. Flag files compose: a file may hold `--flagfile=base.flags`
+Thin by design: parse the flags, pick the program from ssmgate.programs.registry, check its
+configuration, write the resolved flags to the run directory, run. A bad flag stops the run before
+any work with a message that names the flag and what it accepts, and so does a flag the chosen
+program does not read. `--program=NAME --help` lists the flags of that program. Flag files compose: a file may hold `--flagfile=base.flags`
 lines, and later flags override earlier ones. `--dry_run` prints the resolved configuration (for
 `train`: parameter counts, the mesh and the sharding of every parameter) and runs nothing.
 
@@ -29,12 +30,11 @@ import sys
 from absl import app, flags, logging
 
 from ssmgate import xla_env
-from ssmgate.programs import (p1_fig1_flags, p1_horn_flags, p1_kv_flags, p1_tools_flags, p2_lm_flags,
-                              p2_state_tracking_flags, train_lm_flags)
-from ssmgate.programs.config_error import ConfigError
+from ssmgate.config_error import ConfigError
+from ssmgate.programs import registry
 
-PROGRAMS = {"p1_fig1": p1_fig1_flags, "p1_horn": p1_horn_flags, "p1_kv": p1_kv_flags, "p1_tools": p1_tools_flags,
-            "p2_lm": p2_lm_flags, "p2_state_tracking": p2_state_tracking_flags, "train": train_lm_flags}
+registry.define_all_flags()
+PROGRAMS = registry.PROGRAMS
 
 flags.DEFINE_enum("program", None, sorted(PROGRAMS), "The experiment program to run.")
 flags.DEFINE_string("run_dir", None, "Output directory of the run (created; an existing run resumes).")
@@ -50,16 +50,60 @@ flags.DEFINE_integer("num_processes", None, "--distributed: number of processes 
 flags.DEFINE_integer("process_id", None, "--distributed: this process's id "
                      "(default: $SSMGATE_PROCESS_ID, else from the cluster).")
 FLAGS = flags.FLAGS
+MAIN_FLAGS = ("program", "run_dir", "dry_run", "cpu_devices", "distributed", "coordinator_address", "num_processes",
+              "process_id")
+HELP_ARGS = ("--help", "-help", "-h", "-?", "--helpshort")
 EXIT_USAGE = 2  # a run directory in use, or a checkpoint this configuration cannot resume
 
 
+def program_flags(name: str) -> set[str]:
+    return {n for names in registry.flag_names(name).values() for n in names}
+
+
 def resolved_flags() -> str:
-    """The flags of ssmgate's modules with their final values, one `--name=value` per line."""
-    lines = []
-    for module, module_flags in sorted(FLAGS.flags_by_module_dict().items()):
-        if module.startswith("ssmgate") or module == sys.argv[0]:
-            lines.extend(f.serialize() for f in sorted(module_flags, key=lambda f: f.name) if f.value is not None)
-    return "\n".join(lines) + "\n"
+    """main's flags and those of the chosen program with their final values, one `--name=value` per line."""
+    names = set(MAIN_FLAGS) | program_flags(FLAGS.program)
+    return "\n".join(FLAGS[n].serialize() for n in sorted(names) if FLAGS[n].value is not None) + "\n"
+
+
+def unread_flags(name: str) -> list[str]:
+    """The ssmgate flags given (on the command line or in a flag file) that --program=name does not read."""
+    allowed = set(MAIN_FLAGS) | program_flags(name)
+    given = {f.name for module, module_flags in FLAGS.flags_by_module_dict().items()
+             if module.startswith("ssmgate.") for f in module_flags if f.present}
+    return sorted(given - allowed)
+
+
+def _readers(flag: str) -> list[str]:
+    return [p for p in PROGRAMS if flag in program_flags(p)]
+
+
+def program_help(name: str | None) -> str:
+    """--help: the flags of --program=name with their help and defaults (main's and the program list without one)."""
+    def lines(names):
+        out = []
+        for n in names:
+            f = FLAGS[n]
+            out.append(f"  --{n}: {f.help}" + ("" if f.default is None else f" (default: {f.default_as_str})"))
+        return out
+    text = ["python -m ssmgate.main --program=NAME --flagfile=FILE --run_dir=DIR [--dry_run]", "",
+            "Flags of every program:", *lines(MAIN_FLAGS)]
+    if name is None:
+        return "\n".join(text + ["", f"Programs: {', '.join(PROGRAMS)}; --program=NAME --help lists the flags of one."])
+    for group, names in registry.flag_names(name).items():
+        title = f"{name}'s own flags:" if group == "own" else f"shared flags, group {group}:"
+        text += ["", title, *lines(names)]
+    return "\n".join(text)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's parsing, with --help answered per program (after the flags, so --program may come from a flag file)."""
+    wants_help = any(a in HELP_ARGS for a in argv[1:])
+    args = app.parse_flags_with_usage([a for a in argv if a not in HELP_ARGS])
+    if wants_help:
+        print(program_help(FLAGS.program))
+        sys.exit(0)
+    return args
 
 
 # Environment defaults of the --distributed flags. Real TPU VMs and SLURM need none (JAX reads the
@@ -100,7 +144,13 @@ def main(argv):
         raise app.UsageError(f"--program is required; one of {', '.join(sorted(PROGRAMS))}")
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # keeps JAX's start-up INFO lines out of the progress display
-    program = PROGRAMS[FLAGS.program]
+    unread = unread_flags(FLAGS.program)
+    if unread:
+        raise app.UsageError("; ".join(
+            f"--{n} is not a flag of --program={FLAGS.program}"
+            + (f" (it is one of {', '.join(_readers(n))})" if _readers(n) else "") for n in unread)
+            + f"; `python -m ssmgate.main --program={FLAGS.program} --help` lists its flags")
+    program = PROGRAMS[FLAGS.program].flags
     if FLAGS.cpu_devices is not None:
         try:
             xla_env.set_cpu_devices(FLAGS.cpu_devices)
@@ -219,4 +269,4 @@ def _run(program, cfg, rd) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

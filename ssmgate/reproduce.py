@@ -29,24 +29,16 @@ from pathlib import Path
 
 from absl import app, flags
 
-from ssmgate.programs import (claims, p1_fig1_report, p1_horn_report, p1_kv_report, p1_tools_report, p2_lm_report,
-                              p2_state_tracking_report)
-from ssmgate.programs.report_format import replace_checks_table
+from ssmgate.report import claims
+from ssmgate.programs import registry
+from ssmgate.report.format import replace_checks_table
 from ssmgate.train.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parent.parent
 SCALES = ("quick", "cpu", "paper")
 
-# experiment -> (flag files relative to experiments/<paper>/[<scale>/], report module)
-EXPERIMENTS = {
-    "p1_fig1": ("p1", ("fig1a", "fig1b", "fig1c", "fig1d"), p1_fig1_report),
-    "p1_kv": ("p1", ("kv_best_first", "kv_best_last", "kv_transformer"), p1_kv_report),
-    "p1_horn": ("p1", ("horn_retrieval", "horn_lengen", "horn_transformer"), p1_horn_report),
-    "p1_tools": ("p1", ("tools_pretrain", "tools_sft"), p1_tools_report),
-    "p2_state_tracking": ("p2", ("state_tracking_parity", "state_tracking_mod3", "state_tracking_arith"),
-                          p2_state_tracking_report),
-    "p2_lm": ("p2", ("lm_rope05", "lm_rope0", "lm_rope05_seed1", "lm_rope0_seed1"), p2_lm_report),
-}
+# experiment -> (its folder experiments/<paper>/, its flag files there at [<scale>/]<run>.flags, its report module)
+EXPERIMENTS = {name: (p.paper, p.runs, p.report) for name, p in registry.EXPERIMENTS.items()}
 
 flags.DEFINE_enum("scale", "quick", SCALES, "quick (minutes), cpu (the issues' CPU runs) or paper (pods).")
 flags.DEFINE_list("only", [], f"Experiments to run (default all): {', '.join(EXPERIMENTS)}.")

@@ -61,12 +61,12 @@ def bench_runs(cfg: ModelCfg, task: SyntheticCfg, lrs: Sequence[float], offsets:
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
         root = Path(tmp)
         sweep_wall, sweep_summary = _launch(
-            base + ["--sweep_lrs=" + ",".join(f"{lr:g}" for lr in lrs),
-                    "--sweep_offsets=" + ",".join(f"{o:g}" for o in offsets)], root / "sweep", log)
+            base + ["--sweep", "--lr=" + ",".join(f"{lr:g}" for lr in lrs),
+                    "--gate_offset=" + ",".join(f"{o:g}" for o in offsets)], root / "sweep", log)
         walls, losses, loops = [], [], []
         # sweep.grid's order: offsets outermost, then learning rates (one seed)
         for i, (offset, lr) in enumerate((o, lr) for o in offsets for lr in lrs):
-            wall, summary = _launch(base + [f"--lr={lr:g}", f"--a_log_offset={offset:g}"], root / f"run{i:02d}", log)
+            wall, summary = _launch(base + [f"--lr={lr:g}", f"--gate_offset={offset:g}"], root / f"run{i:02d}", log)
             walls.append(wall)
             losses.append(summary["final"]["loss"])
             loops.append(summary["wall_s"])  # the training loop's own time: steps, compilation, evals, checkpoints

@@ -18,9 +18,11 @@ import numpy as np
 from absl import flags
 
 from ssmgate.bench.cores import _cpu_name, write_result
-from ssmgate.programs import p1_fig1
+from ssmgate.programs import registry
 from ssmgate.tasks import perturbed_labels as tasks
 from ssmgate.train.sgd_sweep import sgd_run
+
+p1_fig1 = registry.PROGRAMS["p1_fig1"].module("program")  # the Fig 1 program whose sweeps this times
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("sweep_steps_1c", 10, "SGD steps timed for the Fig 1c grid (per grid point).", lower_bound=1)

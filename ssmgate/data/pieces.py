@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from ssmgate.data import files
+from ssmgate.tasks import text_files as files
 from ssmgate.tasks import text_corpus
 
 

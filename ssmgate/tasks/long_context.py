@@ -1,6 +1,6 @@
 """The long-context evaluation protocols of SPEC 7.2 (PG-19 windows) and 7.3 (position buckets):
 which windows, which positions are scored. Pure numpy; running a model over them is
-`ssmgate.programs.lm_eval`.
+`ssmgate.train.lm_eval`.
 
 PG-19 windows (7.2): for a book of L tokens and a window size C, windows [s, s + C) start at
 s = 0, sigma, 2 sigma, ... while s + C <= L, with sigma = max(10, floor((L - C) / 10)), so a book

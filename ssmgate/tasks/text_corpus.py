@@ -13,7 +13,7 @@ Sources, all offline at run time:
 - `tfds_text(name, split, data_dir, text_key)`: any TFDS text dataset already prepared on disk in
   the `array_record` format (e.g. the official `pg19`, feature `book_text`), read through
   `tfds.data_source`, which needs neither TensorFlow nor network. Nothing is downloaded here.
-- `files:<glob>` in `open_corpus`: plain-text and JSON-lines files (`ssmgate.data.files`).
+- `files:<glob>` in `open_corpus`: plain-text and JSON-lines files (`ssmgate.tasks.text_files`).
 
 Every source yields its documents in a deterministic order, so a token stream built from it (see
 `text_packing`) is the same on every machine.
@@ -26,6 +26,8 @@ import hashlib
 import os
 from pathlib import Path
 from typing import Iterator
+
+from ssmgate.tasks import text_files
 
 SPLITS = ("train", "validation", "test")
 # Embedded-corpus split by hash bucket of the topic name (out of 100): 90 / 5 / 5.
@@ -248,7 +250,7 @@ def open_corpus(spec: str, split: str, *, data_dir: str | os.PathLike | None = N
     """The documents of `split` of the corpus named by `spec`: "embedded" (the pydoc corpus),
     "pg19:<folder>" (a local PG-19 copy), "tfds:<name>[#<feature>]" (a prepared TFDS dataset read
     by `tfds_text` with `data_dir`; its text feature is <feature>, default `text_key`) or
-    "files:<glob>[#<key>]" (text and JSON-lines files, `ssmgate.data.files`; `{split}` in the glob
+    "files:<glob>[#<key>]" (text and JSON-lines files, `ssmgate.tasks.text_files`; `{split}` in the glob
     is the split). Layout and preparation errors are raised here, before iteration."""
     _check_split(split)
     kind, where, key = parse_corpus(spec)
@@ -258,5 +260,4 @@ def open_corpus(spec: str, split: str, *, data_dir: str | os.PathLike | None = N
         return (book.text for book in pg19_folder(where, split))
     if kind == "tfds":
         return tfds_text(where, split, data_dir, key or text_key)
-    from ssmgate.data import files  # lazy: ssmgate.data builds on this module
-    return files.files_corpus(spec.partition(":")[2], split)
+    return text_files.files_corpus(spec.partition(":")[2], split)

@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from ssmgate.data import files, pieces
+from ssmgate.data import pieces
+from ssmgate.tasks import text_files as files
 from ssmgate.tasks import text_corpus
 from tests.data.conftest import JSONL, documents_in_order, write_corpus
 

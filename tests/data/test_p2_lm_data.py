@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from ssmgate.data import prepare as prep
-from ssmgate.programs import lm_runs, p2_lm
-from ssmgate.programs.config_error import ConfigError
+from ssmgate.train import lm_runs
+from ssmgate.programs.p2_lm import program as p2_lm
+from ssmgate.config_error import ConfigError
 from ssmgate.tasks import text_corpus, text_packing, tokenizers
 
 

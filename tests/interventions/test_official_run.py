@@ -3,7 +3,7 @@ comes from the checkpoint's config.json (model flags checked against it), and th
 stops a run whose converted model is not the published one before any intervention is measured."""
 import json
 
-from ssmgate.programs import p2_lm_eval
+from ssmgate.programs.p2_lm import long_eval as p2_lm_eval
 from tests.interventions import upstream_mamba3 as up
 from tests.main_runs import dry_run_flag_files, run_many
 

@@ -9,7 +9,7 @@ experiments/p2/cpu/state_tracking_parity.flags, with 2 seeds per learning rate.
 import pytest
 
 from ssmgate.models import presets
-from ssmgate.programs import p2_state_tracking as p2
+from ssmgate.programs.p2_state_tracking import program as p2
 from ssmgate.tasks import state_tracking as st
 from ssmgate.train import loop, mesh, optim
 

@@ -6,7 +6,7 @@ and the source of its threshold.
 """
 from pathlib import Path
 
-from ssmgate.programs import check_bars
+from ssmgate.report import check_bars
 
 REPO = Path(__file__).resolve().parents[2]
 

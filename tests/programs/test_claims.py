@@ -9,7 +9,11 @@ from pathlib import Path
 import pytest
 
 from ssmgate import reproduce
-from ssmgate.programs import (claims, p1_horn_report, p1_kv_report, p2_lm_report, p2_state_tracking_report)
+from ssmgate.report import claims
+from ssmgate.programs.p1_horn import report as p1_horn_report
+from ssmgate.programs.p1_kv import report as p1_kv_report
+from ssmgate.programs.p2_lm import report as p2_lm_report
+from ssmgate.programs.p2_state_tracking import report as p2_state_tracking_report
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = json.loads((REPO / "docs" / "reproduction" / "summary.json").read_text())

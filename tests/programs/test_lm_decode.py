@@ -6,7 +6,7 @@ import pytest
 
 from ssmgate.models import lm
 from ssmgate.models.config import ModelCfg
-from ssmgate.programs import lm_decode
+from ssmgate.train import lm_decode
 
 MODELS = {
     "mamba2": ModelCfg(block="mamba2", vocab_size=12, d_model=16, n_layers=2, d_state=8, headdim=8),

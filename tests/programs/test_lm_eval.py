@@ -10,7 +10,7 @@ import pytest
 
 from ssmgate.models import lm
 from ssmgate.models.config import ModelCfg
-from ssmgate.programs import lm_eval
+from ssmgate.train import lm_eval
 from ssmgate.tasks import long_context as lc
 
 CFG = ModelCfg(block="mamba3", vocab_size=16, d_model=16, n_layers=1, d_state=8, headdim=8, expand=2,

@@ -3,7 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ssmgate.programs import lm_runs
+from ssmgate.train import lm_runs
 
 
 def test_staged_batches_take_the_shape_of_their_stage_and_compile_once_each():

@@ -13,8 +13,9 @@ import pytest
 
 from ssmgate.models.simplified_ssm import margins
 from ssmgate import reproduce
-from ssmgate.programs import p1_fig1, p1_fig1_report
-from ssmgate.programs.grids import parse_grid
+from ssmgate.programs.p1_fig1 import program as p1_fig1
+from ssmgate.programs.p1_fig1 import report as p1_fig1_report
+from ssmgate.cli.grids import parse_grid
 from ssmgate.theory import gating as theory
 from tests.main_runs import run_many
 
@@ -40,8 +41,8 @@ def read_csv(path):
     ("a", {"panel": "e"}, "--panel"),
     ("a", {"alpha0": (0.1, 1.5)}, "--alpha0=1.5"),
     ("a", {"alpha0": ()}, "--alpha0"),
-    ("a", {"delta": 5}, "--delta=5"),
-    ("a", {"delta": None}, "--delta"),
+    ("a", {"delta": 5}, "--query_distance=5"),
+    ("a", {"delta": None}, "--query_distance"),
     ("a", {"eps": -0.1}, "--eps=-0.1"),
     ("a", {"eps": 0.5}, "--eps=0.5"),
     ("a", {"P": 3}, "--P=3"),
@@ -49,8 +50,8 @@ def read_csv(path):
     ("a", {"steps": 0}, "--steps=0"),
     ("c", {"tau": (4.0, 0.0)}, "--tau=0.0"),
     ("c", {"n_test": 0}, "--n_test=0"),
-    ("c", {"eval_delta": (1, 33)}, "--eval_delta=33"),
-    ("c", {"eval_delta": ()}, "--eval_delta"),
+    ("c", {"eval_delta": (1, 33)}, "--eval_distances=33"),
+    ("c", {"eval_delta": ()}, "--eval_distances"),
     ("c", {"train_query": "sometimes"}, "--train_query=sometimes"),
 ])
 def test_bad_configuration_names_the_flag_and_the_range(panel, change, flag):
@@ -72,9 +73,9 @@ def test_grid_parser():
 BAD_FLAGS = [
     (["--alpha0=0.5,1.2"], "--alpha0=1.2: expected values in (0, 1)"),
     (["--panel=x"], "--panel=x: expected one of a, b, c, d"),
-    (["--ell=2"], "--delta=4: expected an integer in [1, ell=2]"),
+    (["--ell=2"], "--query_distance=4: expected an integer in [1, ell=2]"),
     (["--eps=-0.2"], "--eps=-0.2: expected a label-flip probability in (0, 0.5)"),
-    (["--delta=near"], "--delta=near: expected an integer distance"),
+    (["--query_distance=near"], "--query_distance=near: expected an integer distance"),
 ]
 
 
@@ -99,7 +100,7 @@ CHECK_FLAG_FILES = """
 import sys
 from absl import flags
 import ssmgate.main  # defines every flag
-from ssmgate.programs import p1_fig1_flags
+from ssmgate.programs.p1_fig1 import flags as p1_fig1_flags
 for path in sys.argv[1:]:
     flags.FLAGS.unparse_flags()
     flags.FLAGS(["check", "--flagfile=" + path])

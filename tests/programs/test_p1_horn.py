@@ -13,10 +13,10 @@ import pytest
 from absl import flags
 
 from ssmgate.models.config import ModelCfg
-from ssmgate.programs import p1_horn
-from ssmgate.programs import p1_horn_report as report
-from ssmgate.programs.config_error import ConfigError
-from ssmgate.programs.p1_kv import t_interval
+from ssmgate.programs.p1_horn import program as p1_horn
+from ssmgate.programs.p1_horn import report
+from ssmgate.config_error import ConfigError
+from ssmgate.programs.p1_kv.program import t_interval
 from ssmgate.tasks import horn
 from ssmgate.tasks import horn_ranking as hr
 from ssmgate.train import loop, mesh, optim, sweep
@@ -174,7 +174,7 @@ BASE = ["--program=p1_horn", "--steps=10", "--batch=4", "--lr=1e-3", "--horn_pro
 @pytest.fixture
 def parse():
     from ssmgate import main  # defines every flag
-    from ssmgate.programs import p1_horn_flags
+    from ssmgate.programs.p1_horn import flags as p1_horn_flags
     assert main.PROGRAMS["p1_horn"] is p1_horn_flags
 
     def parse(*args):
@@ -186,10 +186,10 @@ def parse():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--preset=p1_horn_llama", "--n_heads=4", "--offsets=0,1"], "--offsets=0,1: gate offsets act on Mamba-2's A_log; "
+    (["--preset=p1_horn_llama", "--n_heads=4", "--gate_offset=0,1"], "--gate_offset=0,1: gate offsets act on Mamba-2's A_log; "
                                                                  "--block=llama has none"),
-    (["--offsets=1,1"], "--offsets=1,1: expected distinct offsets"),
-    (["--offsets=a"], "--offsets: cannot read 'a'"),
+    (["--gate_offset=1,1"], "--gate_offset=1,1: expected distinct offsets"),
+    (["--gate_offset=a"], "--gate_offset: cannot read 'a'"),
     (["--horn_k_max=64"], "--horn_k_max=64: expected k_min = 1 <= k_max <= K = 8"),
     (["--horn_K=100"], "--horn_K=100: expected 1 .. 64"),
     (["--horn_beta=-1"], "--horn_beta=-1.0: expected a float >= 0"),
@@ -207,7 +207,7 @@ def parse():
     (["--horn_early_frac=0"], "--horn_early_frac=0.0: expected a fraction of training in (0, 1]"),
     (["--escape_thr=0.9", "--stop_thr=0.5"], "--stop_thr=0.5: expected a value in [--escape_thr=0.9, 1]"),
     (["--eval_n=0"], "--eval_n=0: expected >= 1"),
-    (["--sweep_lrs=1e-3,1e-2"], "--sweep_lrs=1e-3,1e-2: expected one learning rate"),
+    (["--lr=1e-3,1e-2"], "--lr=1e-3,1e-2: expected one learning rate"),
 ])
 def test_bad_flags_name_themselves(parse, args, message):
     with pytest.raises(ConfigError) as e:
@@ -223,13 +223,13 @@ def test_a_bad_regime_names_itself(parse):
 
 
 def test_flags_build_the_sweep(parse):
-    cfg = parse("--offsets=-2,0,1", "--seeds=2", "--seed=3")
+    cfg = parse("--gate_offset=-2,0,1", "--seeds=2", "--seed=3")
     assert [(r.offset, r.seed) for r in cfg.replicas] == [(-2, 3), (-2, 4), (0, 3), (0, 4), (1, 3), (1, 4)]
     assert cfg.escape_thr is None and cfg.stop_thr is None and cfg.lengen_ks == () and cfg.probe_pool == 4
     assert cfg.horn.batch == 4 and cfg.horn.k_upper == 4 and cfg.eval_sets["no_oracle"] == ("no_oracle", 4, 4, 1024)
     lengen = parse("--horn_regime=lengen", "--horn_K=8")
     assert lengen.lengen_ks == (1, 2, 4, 8) and lengen.probe_pool is None  # SPEC 4.5's sizes up to K
-    assert parse("--preset=p1_horn_llama", "--n_heads=4", "--offsets=0").model.block == "llama"
+    assert parse("--preset=p1_horn_llama", "--n_heads=4", "--gate_offset=0").model.block == "llama"
     assert parse("--opt_name=muon", "--opt_muon_adam_lr=2e-3").optim.muon_adam_lr == 2e-3
     assert parse("--escape_thr=0.5", "--stop_thr=0.9").stop == sweep.StopRule("accuracy", 0.5, 0.9)
 

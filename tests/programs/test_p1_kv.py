@@ -11,9 +11,9 @@ import pytest
 from absl import flags
 
 from ssmgate.models.config import ModelCfg
-from ssmgate.programs import p1_kv
-from ssmgate.programs import p1_kv_report as report
-from ssmgate.programs.config_error import ConfigError
+from ssmgate.programs.p1_kv import program as p1_kv
+from ssmgate.programs.p1_kv import report
+from ssmgate.config_error import ConfigError
 from ssmgate.tasks import kv_retrieval as kv
 from ssmgate.train import loop, mesh, optim
 from tests.main_runs import dry_run_flag_files, run_many
@@ -131,7 +131,7 @@ BASE = ["--program=p1_kv", "--steps=10", "--batch=4", "--lr=1e-3", "--kv_vocab=8
 @pytest.fixture
 def parse():
     from ssmgate import main  # defines every flag
-    from ssmgate.programs import p1_kv_flags
+    from ssmgate.programs.p1_kv import flags as p1_kv_flags
     assert main.PROGRAMS["p1_kv"] is p1_kv_flags
 
     def parse(*args):
@@ -143,10 +143,10 @@ def parse():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--preset=p1_kv_gpt_neox", "--n_heads=4", "--offsets=0,1"], "--offsets=0,1: gate offsets act on Mamba-2's A_log; "
+    (["--preset=p1_kv_gpt_neox", "--n_heads=4", "--gate_offset=0,1"], "--gate_offset=0,1: gate offsets act on Mamba-2's A_log; "
                                                     "--block=gpt_neox has none"),
-    (["--offsets=1,1"], "--offsets=1,1: expected distinct offsets"),
-    (["--offsets=a"], "--offsets: cannot read 'a'"),
+    (["--gate_offset=1,1"], "--gate_offset=1,1: expected distinct offsets"),
+    (["--gate_offset=a"], "--gate_offset: cannot read 'a'"),
     (["--kv_n_max=0"], "--kv_n_max=0: expected >= 1"),
     (["--kv_dict_size=2"], "--kv_dict_size=2: expected >= n_max = 4"),
     (["--kv_q=0"], "--kv_q=0.0: expected a query ratio in (0, 1]"),
@@ -158,7 +158,7 @@ def parse():
     (["--escape_thr=1.5"], "--escape_thr=1.5: expected a sequence accuracy in (0, 1)"),
     (["--stop_thr=0.5"], "--stop_thr=0.5: expected a value in [--escape_thr=0.95, 1]"),
     (["--eval_n=0"], "--eval_n=0: expected >= 1"),
-    (["--sweep_lrs=1e-3,1e-2"], "--sweep_lrs=1e-3,1e-2: expected one learning rate"),
+    (["--lr=1e-3,1e-2"], "--lr=1e-3,1e-2: expected one learning rate"),
 ])
 def test_bad_flags_name_themselves(parse, args, message):
     with pytest.raises(ConfigError) as e:
@@ -167,10 +167,10 @@ def test_bad_flags_name_themselves(parse, args, message):
 
 
 def test_flags_build_the_sweep(parse):
-    cfg = parse("--offsets=-2,0,1", "--seeds=2", "--seed=3", "--kv_query=best_last", "--lengen_ns=4,8")
+    cfg = parse("--gate_offset=-2,0,1", "--seeds=2", "--seed=3", "--kv_query=best_last", "--lengen_ns=4,8")
     assert [(r.offset, r.seed) for r in cfg.replicas] == [(-2, 3), (-2, 4), (0, 3), (0, 4), (1, 3), (1, 4)]
     assert cfg.escape_thr == 0.95 and cfg.stop_thr == 0.99 and cfg.lengen_ns == (4, 8) and cfg.kv.batch == 4
-    assert parse("--preset=p1_kv_gpt_neox", "--n_heads=4", "--offsets=0").model.block == "gpt_neox"
+    assert parse("--preset=p1_kv_gpt_neox", "--n_heads=4", "--gate_offset=0").model.block == "gpt_neox"
 
 
 def test_every_flag_file_dry_runs():
@@ -196,9 +196,9 @@ def test_every_flag_file_dry_runs():
 
 
 def test_main_rejects_offsets_on_a_transformer(tmp_path):
-    [res] = run_many([["--flagfile=experiments/p1/quick/kv_transformer.flags", "--offsets=0,2",
+    [res] = run_many([["--flagfile=experiments/p1/quick/kv_transformer.flags", "--gate_offset=0,2",
                        f"--run_dir={tmp_path / 'run'}"]])
-    assert res.returncode != 0 and "--offsets=0,2: gate offsets act on Mamba-2's A_log" in res.stderr
+    assert res.returncode != 0 and "--gate_offset=0,2: gate offsets act on Mamba-2's A_log" in res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "run").exists()
 
 

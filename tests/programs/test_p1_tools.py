@@ -11,8 +11,10 @@ import pytest
 
 from ssmgate.models import lm
 from ssmgate.models.config import ModelCfg
-from ssmgate.programs import lm_runs, p1_tools, p1_tools_report
-from ssmgate.programs.config_error import ConfigError
+from ssmgate.train import lm_runs
+from ssmgate.programs.p1_tools import program as p1_tools
+from ssmgate.programs.p1_tools import report as p1_tools_report
+from ssmgate.config_error import ConfigError
 from ssmgate.train import loop, mesh as meshlib, optim, sweep
 from ssmgate.train.checkpoint import Checkpointer
 from ssmgate.train.state import TrainState
@@ -23,11 +25,13 @@ TINY = ModelCfg(block="mamba2", vocab_size=258, d_model=16, n_layers=1, d_state=
 
 
 def make_cfg(model=TINY, scales=(0.5, 2.0), init_run="", steps=2):
+    """`scales`: P1's gate scales s, trained as the offsets ln s."""
     tools = p1_tools.ToolsCfg(k_max=2, seq_len=1024, batch=2, eval_k=(1, 3), weak_betas=(0.05,), weak_k=(3,),
                               max_new=6, eval_batch=4, max_test=4)
     return p1_tools.P1ToolsCfg(model=model, optim=optim.OptimCfg(name="adamw", lr=1e-3, total_steps=steps),
                                tools=tools, loop=loop.LoopCfg(steps, log_every=1, tensorboard=False),
-                               mesh=meshlib.MeshCfg(), gate_scales=scales, init_run=init_run).validate()
+                               mesh=meshlib.MeshCfg(), gate_offsets=tuple(math.log(s) for s in scales),
+                               init_run=init_run).validate()
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +96,9 @@ def test_replicas_start_from_the_pretrained_weights_with_their_gate_scale(pretra
 
 def test_bad_inputs_name_what_is_wrong(pretrained, tmp_path):
     root, _ = pretrained
-    with pytest.raises(ConfigError, match="expected scales s > 0"):
-        make_cfg(scales=(0.0, 1.0))
-    with pytest.raises(ConfigError, match="takes only --gate_scales=1"):
+    with pytest.raises(ConfigError, match="expected distinct offsets"):
+        make_cfg(scales=(2.0, 2.0))
+    with pytest.raises(ConfigError, match="takes only --gate_offset=0"):
         make_cfg(model=dataclasses.replace(TINY, block="llama", n_heads=2, mlp="swiglu"))
     with pytest.raises(ConfigError, match="--tools_k_max=0"):
         dataclasses.replace(make_cfg(), tools=dataclasses.replace(make_cfg().tools, k_max=0)).validate()

@@ -12,9 +12,12 @@ import pytest
 from ssmgate import malloc_env
 from ssmgate.interventions.edits import edit_checkpoint, edit_param
 from ssmgate.models.config import ModelCfg
-from ssmgate.programs import lm_memory, lm_runs, p2_lm, p2_lm_report
-from ssmgate.programs.config_error import ConfigError
-from ssmgate.programs.p2_lm_eval import CELLS_FILE, LongEvalCfg
+from ssmgate.train import lm_memory
+from ssmgate.train import lm_runs
+from ssmgate.programs.p2_lm import program as p2_lm
+from ssmgate.programs.p2_lm import report as p2_lm_report
+from ssmgate.config_error import ConfigError
+from ssmgate.programs.p2_lm.long_eval import CELLS_FILE, LongEvalCfg
 from ssmgate.tasks import text_corpus, text_packing
 from ssmgate.train import loop, mesh as meshlib, optim
 from ssmgate.train.checkpoint import CheckpointError

@@ -9,7 +9,7 @@ import pytest
 
 from ssmgate import reproduce
 from ssmgate.models import presets
-from ssmgate.programs import p2_state_tracking as p2
+from ssmgate.programs.p2_state_tracking import program as p2
 from ssmgate.tasks import state_tracking as st
 from ssmgate.train import loop, mesh, optim
 from tests.main_runs import run_many

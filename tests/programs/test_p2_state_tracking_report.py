@@ -2,7 +2,7 @@
 are tested in test_p2_state_tracking.py)."""
 import pytest
 
-from ssmgate.programs import p2_state_tracking_report as report
+from ssmgate.programs.p2_state_tracking import report
 
 ROWS = ("mamba2", "m3_norot", "m3_static", "overdamped", "critical", "underdamped")
 

@@ -42,9 +42,9 @@ BAD_FLAGS = [
     (["--seq_len=2"], "--seq_len=2: expected >= 5"),
     (["--d_modle=3"], "Unknown command line flag 'd_modle'"),
     (["--steps=abc"], "flag --steps=abc"),
-    (["--sweep_lrs=1e-3,-1"], "--sweep_lrs=1e-3,-1"),
+    (["--lr=1e-3,-1"], "--lr=1e-3,-1: expected positive, finite"),
     (["--steps=0"], "--steps=0: expected an integer >= 1"),
-    (["--lr=0"], "--lr=0.0: expected positive, finite"),
+    (["--lr=0"], "--lr=0: expected positive, finite"),
     (["--lr=nan"], "--lr=nan: expected positive, finite"),
     (["--lr=inf"], "--lr=inf: expected positive, finite"),
     (["--batch=9", "--mesh_data=2"], "--batch=9 does not split over the data axis of 2 devices"),
@@ -184,7 +184,7 @@ def test_two_processes_joined_by_jax_distributed_agree_with_one(tmp_path):
 def test_gate_offset_sweep_through_the_program(tmp_path, capsys):
     """A Mamba-2 sweep (2 offsets x 2 learning rates) in process: escape and stop rules, summary keys."""
     from ssmgate.models.config import ModelCfg
-    from ssmgate.programs import train_lm
+    from ssmgate.programs.train_lm import program as train_lm
     from ssmgate.tasks.synthetic_lm import SyntheticCfg
     from ssmgate.train import loop, mesh, optim, sweep
     cfg = train_lm.TrainLMCfg(
@@ -206,7 +206,7 @@ CHECK_TRAIN_FILES = """
 import sys
 from absl import flags
 import ssmgate.main  # defines every flag
-from ssmgate.programs import train_lm_flags
+from ssmgate.programs.train_lm import flags as train_lm_flags
 for path in sys.argv[1:]:
     flags.FLAGS.unparse_flags()
     flags.FLAGS(["check", "--flagfile=" + path])
@@ -228,9 +228,9 @@ def test_train_flag_files_validate_and_compose():
 CHECK_LR_FLAGS = """
 from absl import flags
 import ssmgate.main  # defines every flag
-from ssmgate.programs import train_lm_flags
-from ssmgate.programs.config_error import ConfigError
-for args in (["--sweep_lrs=1e-3,2e-3"], []):
+from ssmgate.programs.train_lm import flags as train_lm_flags
+from ssmgate.config_error import ConfigError
+for args in (["--lr=1e-3,2e-3"], []):
     flags.FLAGS.unparse_flags()
     flags.FLAGS(["check", "--program=train", "--steps=3", "--batch=4", *args])
     try:
@@ -241,7 +241,7 @@ for args in (["--sweep_lrs=1e-3,2e-3"], []):
 """
 
 
-def test_a_learning_rate_sweep_needs_no_lr_and_neither_is_an_error():
+def test_a_learning_rate_grid_is_a_sweep_and_no_lr_is_an_error():
     res = subprocess.run([sys.executable, "-c", CHECK_LR_FLAGS], cwd=REPO, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.splitlines() == ["[0.001, 0.002] 0.001", "error: --sweep_lrs or --lr is required"]
+    assert res.stdout.splitlines() == ["[0.001, 0.002] 0.001", "error: --lr is required for --program=train"]

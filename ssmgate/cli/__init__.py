@@ -1,0 +1,1 @@
+"""Flag-to-config glue shared by the programs."""

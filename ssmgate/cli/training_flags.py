@@ -1,0 +1,181 @@
+"""The flags several programs read, in named groups, each defined once (absl flags are global).
+
+A program's flags are the ones its own `flags` module defines plus the groups it lists in
+`GROUPS_READ` (ssmgate.programs.registry): `python -m ssmgate.main --program=NAME --help` lists
+exactly those, and a flag the chosen program does not read is an error.
+
+- run: `--seed`, `--steps`, `--batch`; seeds: `--seeds`.
+- lr: `--lr`, the learning rate: one value, or a grid (`3e-3,1e-2`, `logspace:-4:-2:8`) for the
+  programs that sweep it (train, p2_state_tracking); the one home of the learning rate.
+- gate_offset: `--gate_offset`, the gate offset delta (Mamba-2: A_log += delta at initialisation;
+  P1's gate scale s is e^delta, written `ln:s`): one value or a grid, one replica each; the one
+  home of the gate offset.
+- model: `--preset` and one flag per ModelCfg field; optim: `--opt_*` (OptimCfg) and
+  `--schedule_steps`; mesh: `--mesh_*`; loop: the loop's cadence, checkpoints and writers.
+- stop: `--escape_thr`, `--stop_thr` (a sweep's escape and early-stop thresholds).
+- eval_sets: `--eval_n`, `--lengen_eval_n`; seq_len, tokenizer and task: the flag of that name.
+"""
+from __future__ import annotations
+
+import math
+
+from absl import flags
+
+from ssmgate.cli import dataclass_flags
+from ssmgate.cli.grids import parse_grid
+from ssmgate.config_error import ConfigError
+from ssmgate.models import presets
+from ssmgate.models.config import ModelCfg
+from ssmgate.train import loop, mesh as meshlib, optim
+
+GROUPS: dict[str, list[str]] = {}
+
+
+def _in(group: str, define, name: str, *args, **kwargs) -> None:
+    define(name, *args, **kwargs)
+    GROUPS.setdefault(group, []).append(name)
+
+
+_in("run", flags.DEFINE_integer, "seed", 0, "First seed.")
+_in("seeds", flags.DEFINE_integer, "seeds", 1, "Seeds per grid point (seed, seed + 1, ...).")
+_in("run", flags.DEFINE_integer, "steps", None, "Training steps (a cap where runs stop early).")
+_in("run", flags.DEFINE_integer, "batch", None, "Examples (sequences) per training step.")
+_in("lr", flags.DEFINE_string, "lr", None, "Learning rate (SGD) or peak learning rate (schedules): one value, or "
+    "a grid for the programs that sweep it ('1e-3,3e-3', 'logspace:-4:-2:8').")
+_in("gate_offset", flags.DEFINE_string, "gate_offset", "0", "Gate offset delta (Mamba-2: A_log += delta at "
+    "initialisation): one value or a grid ('-6,-2,0,2'), one replica each; an item 'ln:s' is the offset of "
+    "P1's gate scale s (delta = ln s).")
+_in("model", flags.DEFINE_string, "preset", None, "A named model of ssmgate.models.presets; model flags override "
+    "its fields.")
+GROUPS["model"] += dataclass_flags.define(ModelCfg, skip=("a_log_offset",))
+GROUPS["optim"] = dataclass_flags.define(optim.OptimCfg, prefix="opt_", skip=("lr", "total_steps"))
+_in("optim", flags.DEFINE_integer, "schedule_steps", 0, "Steps of the learning-rate schedule (warmup, then cosine "
+    "to its floor, flat after); 0: --steps. Rerunning a run with more --steps sets it to the steps the run trained "
+    "with, so the extension keeps that schedule (docs/training.md).")
+GROUPS["mesh"] = dataclass_flags.define(meshlib.MeshCfg, prefix="mesh_")
+_in("task", flags.DEFINE_string, "task", None, "The program's task (train: copy | recall; p2_state_tracking: "
+    "parity | mod3 | arith).")
+_in("loop", flags.DEFINE_integer, "log_every", 50, "Steps between progress lines and metrics.jsonl records.")
+_in("loop", flags.DEFINE_integer, "eval_every", 0, "Steps between evaluations (0: only at the end).")
+_in("loop", flags.DEFINE_integer, "ckpt_every", 0, "Steps between checkpoints (0: only at the end).")
+_in("loop", flags.DEFINE_integer, "keep_ckpts", 3, "Checkpoints kept.")
+_in("loop", flags.DEFINE_boolean, "tensorboard", True, "Write TensorBoard event files when tensorboardX is "
+    "installed.")
+_in("loop", flags.DEFINE_boolean, "ckpt_async", False, "Save checkpoints in the background (training goes on while "
+    "they are written; a kill loses at most the one being written).")
+_in("loop", flags.DEFINE_string, "profile_steps", "", "FIRST:LAST: write a jax.profiler trace of these steps "
+    "(1-based) into RUN_DIR/profile (open it with TensorBoard's profile plugin or Perfetto).")
+_in("loop", flags.DEFINE_string, "wandb_project", "", "Also log metrics to this Weights & Biases project (needs "
+    "`pip install wandb`).")
+_in("stop", flags.DEFINE_float, "escape_thr", None, "Sweep: a replica escapes at the first evaluation with the "
+    "stop metric above this.")
+_in("stop", flags.DEFINE_float, "stop_thr", None, "Sweep: a replica stops (is frozen) once the stop metric reaches "
+    "this.")
+_in("eval_sets", flags.DEFINE_integer, "eval_n", 1024, "Examples of the fixed evaluation set (own seed).")
+_in("eval_sets", flags.DEFINE_integer, "lengen_eval_n", None, "Examples per length-generalisation set (default "
+    "--eval_n).")
+_in("seq_len", flags.DEFINE_integer, "seq_len", 64, "Model input length (tokens per sequence).")
+_in("tokenizer", flags.DEFINE_string, "tokenizer", "byte", "'byte', or a HF tokenizer.json / SentencePiece .model file.")
+
+FLAGS = flags.FLAGS
+
+
+def require(name: str, program: str):
+    if FLAGS[name].value is None:
+        raise ConfigError(f"--{name} is required for --program={program}")
+    return FLAGS[name].value
+
+
+def model_cfg(base: ModelCfg | None = None) -> ModelCfg:
+    """`base` (or the `--preset`, or ModelCfg's defaults) with the model flags applied."""
+    if base is None:
+        base = ModelCfg()
+        if FLAGS.preset is not None:
+            if FLAGS.preset not in presets.PRESETS:
+                raise ConfigError(f"--preset={FLAGS.preset}: expected one of {', '.join(sorted(presets.PRESETS))}")
+            base = presets.PRESETS[FLAGS.preset]
+    return dataclass_flags.build(ModelCfg, base, skip=("a_log_offset",))
+
+
+def optim_cfg(lr: float, steps: int) -> optim.OptimCfg:
+    if not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"--steps={steps}: expected an integer >= 1 (the training steps)")
+    schedule = FLAGS.schedule_steps or steps
+    if schedule < 1:
+        raise ConfigError(f"--schedule_steps={FLAGS.schedule_steps}: expected 0 (--steps) or an integer >= 1")
+    return dataclass_flags.build(optim.OptimCfg, optim.OptimCfg(lr=lr, total_steps=schedule), prefix="opt_",
+                                 skip=("lr", "total_steps"))
+
+
+def mesh_cfg() -> meshlib.MeshCfg:
+    return dataclass_flags.build(meshlib.MeshCfg, meshlib.MeshCfg(), prefix="mesh_")
+
+
+def profile_steps() -> tuple[int, int] | None:
+    text = FLAGS.profile_steps.strip()
+    if not text:
+        return None
+    parts = text.split(":")
+    try:
+        first, last = (int(p) for p in parts)
+    except ValueError:
+        raise ConfigError(f"--profile_steps={text}: expected FIRST:LAST, two step numbers such as 10:20") from None
+    return first, last
+
+
+def loop_cfg(steps: int, name: str = "train") -> loop.LoopCfg:
+    try:
+        return loop.LoopCfg(steps=steps, log_every=FLAGS.log_every, eval_every=FLAGS.eval_every,
+                            ckpt_every=FLAGS.ckpt_every, keep_ckpts=FLAGS.keep_ckpts, tensorboard=FLAGS.tensorboard,
+                            name=name, ckpt_async=FLAGS.ckpt_async, profile_steps=profile_steps(),
+                            wandb_project=FLAGS.wandb_project).validate()
+    except ValueError as e:
+        raise ConfigError(f"--{e}") from None
+
+
+def learning_rates(program: str) -> list[float]:
+    """--lr: one value or a grid of positive, finite learning rates (required)."""
+    if FLAGS.lr is None:
+        raise ConfigError(f"--lr is required for --program={program}")
+    try:
+        lrs = parse_grid("lr", FLAGS.lr)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if not lrs or any(not math.isfinite(v) or v <= 0 for v in lrs):
+        raise ConfigError(f"--lr={FLAGS.lr}: expected positive, finite learning rates")
+    return list(lrs)
+
+
+def one_lr(program: str, default: float | None = None) -> float:
+    """--lr as one learning rate (`default` when not given, if there is one)."""
+    if FLAGS.lr is None and default is not None:
+        return default
+    lrs = learning_rates(program)
+    if len(lrs) != 1:
+        raise ConfigError(f"--lr={FLAGS.lr}: expected one learning rate for --program={program}")
+    return lrs[0]
+
+
+def gate_offsets() -> tuple[float, ...]:
+    """--gate_offset: the offsets delta in order; an item 'ln:s' is ln s (P1's gate scale s)."""
+    items = []
+    for item in (s.strip() for s in FLAGS.gate_offset.split(",")):
+        if item.startswith("ln:"):
+            try:
+                scale = float(item[3:])
+                if not scale > 0 or not math.isfinite(scale):
+                    raise ValueError
+            except ValueError:
+                raise ConfigError(f"--gate_offset: cannot read {item!r}; expected ln:S with a scale S > 0") from None
+            items.append(repr(math.log(scale)))
+        else:
+            items.append(item)
+    try:
+        offsets = parse_grid("gate_offset", ",".join(items))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if not offsets or any(not math.isfinite(v) for v in offsets):
+        raise ConfigError(f"--gate_offset={FLAGS.gate_offset}: expected finite offsets")
+    if len(set(offsets)) != len(offsets):
+        raise ConfigError(f"--gate_offset={FLAGS.gate_offset}: expected distinct offsets")
+    return offsets

@@ -1,0 +1,78 @@
+"""Flags of the P1 Horn-clause program (`--program=p1_horn`, SPEC §4) and their translation to HornRunCfg.
+
+Task flags are `--horn_*`. Shared flags (ssmgate.cli.training_flags): `--gate_offset` (the grid of
+gate offsets delta, Mamba-2 A_log += delta; a Transformer takes 0 only), `--eval_n` (examples of the
+fixed evaluation set, here the first-turn set on the training distribution) and `--lengen_eval_n`
+(examples per length-generalisation set). `--escape_thr` / `--stop_thr` act on the first-turn accuracy
+and are off unless given (the paper trains every run for the full budget). The model comes from `--preset`
+(p1_horn_mamba2, p1_horn_llama) and the model flags, the optimizer from `--opt_*` (SPEC 4.6: Muon,
+`--opt_name=muon`, `--opt_muon_adam_lr`), the loop from `--steps`, `--eval_every`, ... (the shared groups).
+"""
+from __future__ import annotations
+
+from absl import flags
+
+from ssmgate.programs.p1_horn import program as p1_horn
+from ssmgate.cli import training_flags as tf
+from ssmgate.cli.grids import parse_ints
+from ssmgate.config_error import ConfigError
+from ssmgate.tasks import horn
+
+flags.DEFINE_enum("horn_regime", "retrieval", list(horn.REGIMES), "Horn task: training regime, in-context "
+                  "retrieval (Fig 3b/c: random order, one oracle, fresh names in the first q of the pool) or lengen "
+                  "(Fig 3d, Table 1: PL-ranked pools best-last, all names fresh).")
+flags.DEFINE_integer("horn_props_per_set", 128, "Horn task: propositions in each of the 3 sets.")
+flags.DEFINE_integer("horn_K", 128, "Horn task: clauses between adjacent sets (per layer).")
+flags.DEFINE_integer("horn_graph_seed", 0, "Horn task: seed of the rule graph and its static names (one per run).")
+flags.DEFINE_integer("horn_k_min", 1, "Horn task: smallest training pool size.")
+flags.DEFINE_integer("horn_k_max", None, "Horn task: largest training pool size (default: the regime's SPEC value, "
+                     "32 retrieval, 8 lengen).")
+flags.DEFINE_float("horn_q_fresh", 0.1, "Horn task: retrieval pools rename their first ceil(q k) clauses.")
+flags.DEFINE_float("horn_beta", float("inf"), "Horn task: PL inverse temperature of the lengen pools (inf allowed).")
+flags.DEFINE_enum("horn_turns", "both", list(horn.TURNS), "Horn task: which turn the training rows ask "
+                  "(both: even rows turn 1, odd rows turn 2).")
+flags.DEFINE_integer("horn_buckets", 4, "Horn task: training length buckets over k_min..k_max (one compiled step "
+                     "each).")
+flags.DEFINE_integer("horn_probe_k", None, "Retrieval regime: pool size of the no-oracle and random-oracle-name "
+                     "probes (default min(32, --horn_k_max)).")
+flags.DEFINE_integer("horn_probe_n", None, "Retrieval regime: examples per probe set (default --eval_n).")
+flags.DEFINE_string("horn_lengen_ks", "", "Lengen regime: pool sizes evaluated after training (e.g. "
+                    "'1,2,4,8,16,32,64,128'); empty = SPEC 4.5's 1, 2, 4, ..., 128 up to --horn_K.")
+flags.DEFINE_float("horn_early_frac", 0.1, "The 'early' probe values are the first evaluation at or after this "
+                   "fraction of training.")
+flags.DEFINE_integer("horn_gate_prompts", 64, "Prompts of the token-averaged gate statistics (SPEC 2.5).")
+
+FLAGS = flags.FLAGS
+PROGRAM = "p1_horn"
+GROUPS_READ = ("run", "seeds", "lr", "gate_offset", "model", "optim", "mesh", "loop", "stop", "eval_sets")
+
+
+def config_from_flags() -> p1_horn.HornRunCfg:
+    steps, batch = tf.require("steps", PROGRAM), tf.require("batch", PROGRAM)
+    lr, offsets = tf.one_lr(PROGRAM), tf.gate_offsets()
+    task = horn.HornCfg(regime=FLAGS.horn_regime, props_per_set=FLAGS.horn_props_per_set, K=FLAGS.horn_K,
+                        graph_seed=FLAGS.horn_graph_seed, k_min=FLAGS.horn_k_min, k_max=FLAGS.horn_k_max,
+                        q_fresh=FLAGS.horn_q_fresh, beta=FLAGS.horn_beta, turns=FLAGS.horn_turns, batch=batch,
+                        n_buckets=FLAGS.horn_buckets)
+    try:
+        lengen_ks = parse_ints("horn_lengen_ks", FLAGS.horn_lengen_ks)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if not lengen_ks and FLAGS.horn_regime == "lengen":
+        lengen_ks = tuple(k for k in horn.LENGEN_KS if k <= FLAGS.horn_K)
+    model = tf.model_cfg()  # validated; a bad model flag names itself
+    cfg = p1_horn.HornRunCfg(
+        horn=task, model=model, optim=tf.optim_cfg(lr, steps), loop=tf.loop_cfg(steps, name=PROGRAM),
+        mesh=tf.mesh_cfg(), lr=lr, offsets=tuple(offsets), seeds=FLAGS.seeds, seed=FLAGS.seed,
+        eval_n=FLAGS.eval_n, probe_n=FLAGS.horn_probe_n, probe_k=FLAGS.horn_probe_k, lengen_ks=lengen_ks,
+        lengen_eval_n=FLAGS.lengen_eval_n, early_frac=FLAGS.horn_early_frac, gate_prompts=FLAGS.horn_gate_prompts,
+        escape_thr=FLAGS.escape_thr, stop_thr=FLAGS.stop_thr, preset=FLAGS.preset)
+    return cfg.validate()
+
+
+def describe(cfg) -> str:
+    return p1_horn.describe(cfg)
+
+
+def run(cfg, run_dir: str) -> dict:
+    return p1_horn.run(cfg, run_dir)

@@ -1,0 +1,70 @@
+"""Flags of the P1 KV-retrieval program (`--program=p1_kv`, SPEC §3) and their translation to KVRunCfg.
+
+Task flags are `--kv_*`; `--gate_offset` is the grid of gate offsets delta (Mamba-2: A_log += delta),
+trained with `--seeds` seeds each at the one learning rate `--lr` as a single vmapped sweep. The model
+comes from `--preset` (p1_kv_mamba2, p1_kv_gpt_neox) and the model flags, the optimizer from `--opt_*`,
+the loop from `--steps`, `--eval_every`, ... (ssmgate.cli.training_flags). `--escape_thr` / `--stop_thr`
+default to SPEC's 0.95 / 0.99 when not given.
+"""
+from __future__ import annotations
+
+from absl import flags
+
+from ssmgate.programs.p1_kv import program as p1_kv
+from ssmgate.cli import training_flags as tf
+from ssmgate.config_error import ConfigError
+from ssmgate.cli.grids import parse_ints
+from ssmgate.tasks import kv_retrieval as kv
+
+flags.DEFINE_enum("kv_query", "best_first", list(kv.QUERIES), "KV task: which keys are queried, the first "
+                  "ceil(q n) of the context (best_first, Fig 2a/b) or the last (best_last, Fig 2c).")
+flags.DEFINE_integer("kv_n_max", 512, "KV task: N, training draws n ~ U{1..N} pairs; evaluation uses n = N.")
+flags.DEFINE_integer("kv_m", 8, "KV task: tokens per key and per value.")
+flags.DEFINE_integer("kv_vocab", 64, "KV task: content tokens (the model vocabulary adds 5 specials).")
+flags.DEFINE_integer("kv_dict_size", 10000, "KV task: (key, value) pairs of the static dictionary.")
+flags.DEFINE_integer("kv_dict_seed", 0, "KV task: seed of the static dictionary (one per run).")
+flags.DEFINE_float("kv_eps", 0.1, "KV task: per-token perturbation probability of in-context values.")
+flags.DEFINE_float("kv_q", 0.1, "KV task: query ratio, n_q = max(1, ceil(q n)).")
+flags.DEFINE_integer("kv_buckets", 8, "KV task: training length buckets over 1..N (one compiled step each).")
+flags.DEFINE_string("lengen_ns", "", "best_last: pair counts n of the length-generalisation sets evaluated "
+                    "after training (e.g. '512,768,1024'); empty = none.")
+
+FLAGS = flags.FLAGS
+PROGRAM = "p1_kv"
+GROUPS_READ = ("run", "seeds", "lr", "gate_offset", "model", "optim", "mesh", "loop", "stop", "eval_sets")
+ESCAPE_THR, STOP_THR = 0.95, 0.99  # SPEC 3.3 / 3.4
+
+
+def _ints(name: str) -> tuple[int, ...]:
+    try:
+        return parse_ints(name, FLAGS[name].value)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+def config_from_flags() -> p1_kv.KVRunCfg:
+    steps, batch = tf.require("steps", PROGRAM), tf.require("batch", PROGRAM)
+    lr, offsets = tf.one_lr(PROGRAM), tf.gate_offsets()
+    task = kv.KVCfg(n_content=FLAGS.kv_vocab, m=FLAGS.kv_m, dict_size=FLAGS.kv_dict_size, n_max=FLAGS.kv_n_max,
+                    eps=FLAGS.kv_eps, q=FLAGS.kv_q, query=FLAGS.kv_query, batch=batch, dict_seed=FLAGS.kv_dict_seed)
+    model = tf.model_cfg()  # validated; a bad model flag names itself
+    cfg = p1_kv.KVRunCfg(
+        kv=task, model=model, optim=tf.optim_cfg(lr, steps), loop=tf.loop_cfg(steps, name=PROGRAM),
+        mesh=tf.mesh_cfg(), lr=lr, offsets=tuple(offsets), seeds=FLAGS.seeds, seed=FLAGS.seed,
+        n_buckets=FLAGS.kv_buckets, eval_n=FLAGS.eval_n, lengen_ns=_ints("lengen_ns"),
+        lengen_eval_n=FLAGS.lengen_eval_n,
+        escape_thr=_or(FLAGS.escape_thr, ESCAPE_THR), stop_thr=_or(FLAGS.stop_thr, STOP_THR),
+        preset=FLAGS.preset)
+    return cfg.validate()
+
+
+def describe(cfg) -> str:
+    return p1_kv.describe(cfg)
+
+
+def run(cfg, run_dir: str) -> dict:
+    return p1_kv.run(cfg, run_dir)

@@ -1,0 +1,371 @@
+"""Program `p1_kv`: P1's multi-token key-value retrieval (Fig 2; SPEC §3, check C12 of §9).
+
+One run trains a language model on the KV task of `ssmgate.tasks.kv_retrieval` (best-first or
+best-last queries) for every gate offset delta (Mamba-2: A_log += delta at initialisation) and
+every seed, at one peak learning rate, as ONE vmapped sweep. Training draws n ~ U{1..N} through
+length buckets (`length_buckets.equal_buckets(1, N, kv_buckets)`; the bucket of step k comes from
+(--seed, k), so every replica of the sweep shares the padded shape of step k while each example's n
+is exactly U{1..N}). The loss is the masked LM loss on the value tokens of the query blocks.
+
+Every `eval_every` steps all replicas are evaluated on one fixed set of `eval_n` examples at n = N
+(its own seed, never a training key): pooled sequence accuracy (a query is right iff all m value
+tokens are argmax-correct), and the same over queries whose in-context value was perturbed / clean
+(a memoriser scores 0 / 1 there). A replica escapes at the first evaluation with seq_accuracy >
+escape_thr (SPEC 3.4: 0.95) and is frozen once it reaches stop_thr (SPEC 3.3: 0.99). After training,
+best-last runs evaluate every replica at each n of `lengen_ns` (fresh fixed sets, own seeds): Fig 2c.
+
+summary.json:
+  "replicas" (labels), "replica_offset", "replica_seed", "offsets", "seeds", "lr", "steps",
+  "escape_step" [per replica; null = never], "stopped_step", "diverged",
+  "escape_step_by_offset" {offset: [per seed]},
+  "plateau_accuracy": median eval seq_accuracy of the delta >= 0 replicas over their evaluations
+      before their escape (all of them if they never escape); null without delta >= 0 replicas,
+  "memoriser_accuracy": (1 - eps)^m,
+  "escape_fit" {slope, intercept, r2, n}: least squares escape step = slope e^delta + intercept over
+      the escaped replicas (slope/intercept null with < 2 points or one e^delta; r2 null with < 3
+      points or zero variance),
+  "curves": [{"label", "offset", "seed", "step": [...], "seq_accuracy": [...]}] per replica (Fig 2a),
+  "final" {metric: [per replica]} (the last evaluation),
+  "lengen_accuracy" {offset: {n: {mean, ci95_lo, ci95_hi, per_seed}}} (best_last; a t-interval over
+      seeds, lo = hi = mean with one seed), "lengen_examples" {n: examples}, "lengen_detail" {n: [every
+      eval metric per replica]},
+  "median_tau" {offset: {"init": [per seed], "final": [per seed]}} and "median_alpha_change"
+      {offset: [per seed]} (Mamba-2; SPEC 2.5 statistics of the per-head gates),
+  "kv" (the task config), "block", "preset", "params", "eval_examples", "resumed_from", "wall_s".
+Also kv_curve.csv (offset, seed, step, seq_acc) and, for best_last, kv_len.csv (offset, seed,
+n_pairs, seq_acc) as SPEC §0.1 names them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import time
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ssmgate.models import presets
+from ssmgate.models.config import ModelCfg
+from ssmgate.config_error import ConfigError
+from ssmgate.tasks import kv_retrieval as kv
+from ssmgate.tasks import length_buckets as lb
+from ssmgate.tasks.synthetic_lm import lm_loss, step_key
+from ssmgate.train import loop, mesh as meshlib, sweep
+from ssmgate.train.experiment import make_mesh, run_experiment
+from ssmgate.train.sweep_results import gate_stats, linear_fit, offset_key, t_interval
+from ssmgate.train.optim import OptimCfg
+from ssmgate.train.run_dir import RunDir, say, to_jsonable
+from ssmgate.train.step import cast_floating
+
+EVAL_SEED = 5_000_011    # the in-distribution evaluation set (n = N); never a training key
+LENGEN_SEED = 6_000_007  # + n: the length-generalisation sets
+METRIC = "seq_accuracy"  # the escape / early-stop metric (SPEC 3.4)
+
+
+@dataclasses.dataclass(frozen=True)
+class KVRunCfg:
+    kv: kv.KVCfg                     # the task; kv.batch is the training batch
+    model: ModelCfg
+    optim: OptimCfg
+    loop: loop.LoopCfg
+    mesh: meshlib.MeshCfg
+    lr: float
+    offsets: tuple = (0.0,)
+    seeds: int = 1
+    seed: int = 0
+    n_buckets: int = 8
+    eval_n: int = 1024
+    lengen_ns: tuple = ()
+    lengen_eval_n: Optional[int] = None   # None: eval_n
+    escape_thr: float = 0.95
+    stop_thr: float = 0.99
+    preset: Optional[str] = None
+
+    @property
+    def replicas(self) -> list:
+        return sweep.grid(range(self.seed, self.seed + self.seeds), (self.lr,), self.offsets)
+
+    @property
+    def bounds(self) -> tuple:
+        return lb.equal_buckets(1, self.kv.n_max, self.n_buckets)
+
+    @property
+    def stop(self) -> sweep.StopRule:
+        return sweep.StopRule(METRIC, self.escape_thr, self.stop_thr)
+
+    def fingerprint(self) -> str:
+        """What a checkpoint must match to be resumed (not the mesh, the cadence or the lengen sets)."""
+        keyed = {"kv": dataclasses.asdict(self.kv), "model": dataclasses.asdict(self.model),
+                 "optim": dataclasses.asdict(self.optim), "replicas": [dataclasses.asdict(r) for r in self.replicas],
+                 "n_buckets": self.n_buckets, "eval_n": self.eval_n, "stop": dataclasses.asdict(self.stop)}
+        return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def validate(self) -> "KVRunCfg":
+        try:
+            self.kv.validate()
+        except ValueError as e:
+            raise ConfigError(kv_flag_message(str(e))) from None
+        if self.model.vocab_size < self.kv.vocab_size:
+            raise ConfigError(f"--vocab_size={self.model.vocab_size}: expected >= {self.kv.vocab_size} "
+                              f"(5 special + --kv_vocab={self.kv.n_content} content tokens; "
+                              f"{self.kv.padded_vocab} pads it to a multiple of 8)")
+        if not self.offsets:
+            raise ConfigError("--gate_offset: expected at least one gate offset")
+        if len(set(self.offsets)) != len(self.offsets):
+            raise ConfigError(f"--gate_offset={','.join(f'{o:g}' for o in self.offsets)}: expected distinct offsets")
+        if not all(math.isfinite(o) for o in self.offsets):
+            raise ConfigError(f"--gate_offset={','.join(f'{o:g}' for o in self.offsets)}: expected finite offsets")
+        if self.model.block != "mamba2" and any(o != 0.0 for o in self.offsets):
+            raise ConfigError(f"--gate_offset={','.join(f'{o:g}' for o in self.offsets)}: gate offsets act on "
+                              f"Mamba-2's A_log; --block={self.model.block} has none (expected --gate_offset=0)")
+        for name, value in (("seeds", self.seeds), ("eval_n", self.eval_n)):
+            if value < 1:
+                raise ConfigError(f"--{name}={value}: expected >= 1")
+        if self.seed < 0:
+            raise ConfigError(f"--seed={self.seed}: expected >= 0")
+        if self.lengen_eval_n is not None and self.lengen_eval_n < 1:
+            raise ConfigError(f"--lengen_eval_n={self.lengen_eval_n}: expected >= 1")
+        if not 1 <= self.n_buckets <= self.kv.n_max:
+            raise ConfigError(f"--kv_buckets={self.n_buckets}: expected an integer in 1..--kv_n_max={self.kv.n_max}")
+        if not 0.0 < self.escape_thr < 1.0:
+            raise ConfigError(f"--escape_thr={self.escape_thr}: expected a sequence accuracy in (0, 1)")
+        if not self.escape_thr <= self.stop_thr <= 1.0:
+            raise ConfigError(f"--stop_thr={self.stop_thr}: expected a value in [--escape_thr={self.escape_thr}, 1] "
+                              "(a replica frozen before it escapes would have no escape step)")
+        if self.lengen_ns and self.kv.query != "best_last":
+            raise ConfigError(f"--lengen_ns={','.join(map(str, self.lengen_ns))}: length generalisation is "
+                              "evaluated for --kv_query=best_last only (SPEC 3.4, Fig 2c); expected it empty")
+        for n in self.lengen_ns:
+            if not 1 <= n <= self.kv.dict_size:
+                raise ConfigError(f"--lengen_ns: {n}: expected pair counts in 1..--kv_dict_size={self.kv.dict_size} "
+                                  "(pairs are drawn without replacement)")
+        if len(set(self.lengen_ns)) != len(self.lengen_ns):
+            raise ConfigError(f"--lengen_ns={','.join(map(str, self.lengen_ns))}: expected distinct pair counts")
+        return self
+
+
+_KV_FLAGS = {"n_content": "kv_vocab", "m": "kv_m", "dict_size": "kv_dict_size", "n_max": "kv_n_max",
+             "eps": "kv_eps", "q": "kv_q", "query": "kv_query", "batch": "batch", "dict_seed": "kv_dict_seed"}
+
+
+def kv_flag_message(message: str) -> str:
+    """'n_max=0: expected ...' -> '--kv_n_max=0: expected ...' (KVCfg's field as its flag)."""
+    for field, flag in _KV_FLAGS.items():
+        if message.startswith(f"{field}="):
+            return f"--{flag}=" + message[len(field) + 1:]
+    return message
+
+
+# --- data --------------------------------------------------------------------------------------------------
+
+def eval_chunk(cfg: KVRunCfg, n: int, examples: int) -> tuple[int, int]:
+    """(chunks, examples per chunk) of an evaluation at n pairs: a chunk holds at most the tokens of one
+    training batch at n = N (so n = 4N evaluates a quarter of the batch at a time), and the chunks
+    are balanced; the set has chunks x chunk >= `examples` examples."""
+    budget = cfg.kv.batch * kv.seq_len(cfg.kv, cfg.kv.n_max)
+    largest = max(1, min(examples, budget // kv.seq_len(cfg.kv, n)))
+    chunks = -(-examples // largest)
+    return chunks, -(-examples // chunks)
+
+
+def fixed_set(cfg: KVRunCfg, dictionary, seed: int, n: int, examples: int) -> kv.KVBatch:
+    """A fixed evaluation set at exactly n pairs, from its own seed: a KVBatch whose arrays have a
+    leading chunk axis (chunks, chunk, ...)."""
+    chunks, chunk = eval_chunk(cfg, n, examples)
+    task = dataclasses.replace(cfg.kv, batch=chunk)
+    keys = jax.random.split(jax.random.PRNGKey(seed), chunks)
+    parts = [kv.sample_jit(k, task, dictionary, n, n) for k in keys]
+    return jax.tree.map(lambda *a: jnp.stack(a), *parts)
+
+
+def kv_loss(logits, batch: kv.KVBatch):
+    """The training loss: masked cross-entropy on the query value tokens (lm_loss) and, as metrics,
+    token accuracy and the per-query sequence accuracy of the batch."""
+    loss, metrics = lm_loss(logits, batch)
+    ok = kv.query_correct(jnp.argmax(logits, axis=-1), batch)
+    queries = jnp.maximum(batch.query_mask.sum(), 1.0)
+    return loss, {"accuracy": metrics["accuracy"], "seq_accuracy": ok.sum() / queries}
+
+
+def make_evaluate(model, compute_dtype):
+    """evaluate(params, data) -> pooled metrics over every chunk of a fixed set (exact counts, one
+    compiled loop over chunks): loss, accuracy (tokens), seq_accuracy, seq_accuracy_perturbed,
+    seq_accuracy_clean (nan when a set has no such query), n_queries."""
+    def chunk_sums(params, b):
+        logits, _ = model.apply({"params": params}, b.inputs)
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        nll = -jnp.take_along_axis(logp, b.targets[..., None], axis=-1)[..., 0]
+        pred = jnp.argmax(logits, axis=-1)
+        ok = kv.query_correct(pred, b)
+        valid = b.query_mask > 0
+        pert = valid & b.query_perturbed
+        clean = valid & ~b.query_perturbed
+        count = lambda x: x.sum().astype(jnp.int32)
+        return {"nll": (nll * b.mask).sum(), "tokens": count(b.mask > 0),
+                "token_correct": count((pred == b.targets) & (b.mask > 0)),
+                "queries": count(valid), "correct": count(ok), "perturbed": count(pert),
+                "correct_perturbed": count(ok & pert), "clean": count(clean), "correct_clean": count(ok & clean)}
+
+    def evaluate(params, data):
+        params = cast_floating(params, compute_dtype)
+        sums = jax.tree.map(lambda a: a.sum(0), jax.lax.map(lambda b: chunk_sums(params, b), data))
+        ratio = lambda a, b: jnp.where(sums[b] > 0, sums[a] / jnp.maximum(sums[b], 1), jnp.nan)
+        return {"loss": sums["nll"] / jnp.maximum(sums["tokens"], 1), "accuracy": ratio("token_correct", "tokens"),
+                "seq_accuracy": ratio("correct", "queries"),
+                "seq_accuracy_perturbed": ratio("correct_perturbed", "perturbed"),
+                "seq_accuracy_clean": ratio("correct_clean", "clean"), "n_queries": sums["queries"]}
+    return evaluate
+
+
+# --- statistics --------------------------------------------------------------------------------------------
+
+def eval_curves(records: list, n_replicas: int) -> tuple[list, np.ndarray]:
+    """(eval steps, seq_accuracy (steps, K)) from metrics.jsonl records; a step evaluated twice (a
+    resumed run re-evaluates its last checkpoint) keeps its last record."""
+    by_step = {}
+    for r in records:
+        if r.get("kind") == "eval" and f"eval_{METRIC}" in r:
+            by_step[int(r["step"])] = np.asarray(r[f"eval_{METRIC}"], np.float64).reshape(n_replicas)
+    steps = sorted(by_step)
+    values = np.stack([by_step[s] for s in steps]) if steps else np.zeros((0, n_replicas))
+    return steps, values
+
+
+def plateau_accuracy(steps, values, offsets, escape) -> Optional[float]:
+    """Median eval seq_accuracy of the delta >= 0 replicas over their evaluations before their escape
+    (every evaluation if they never escape)."""
+    pooled = []
+    for r, (offset, esc) in enumerate(zip(offsets, escape)):
+        if offset < 0:
+            continue
+        pooled += [values[i, r] for i, s in enumerate(steps) if esc is None or s < esc]
+    pooled = [v for v in pooled if np.isfinite(v)]
+    return float(np.median(pooled)) if pooled else None
+
+
+# --- the run -----------------------------------------------------------------------------------------------
+
+def run(cfg: KVRunCfg, run_dir: str) -> dict:
+    cfg.validate()
+    rd = RunDir(run_dir)
+    mesh = make_mesh(cfg.mesh)
+    t0 = time.perf_counter()
+    replicas = cfg.replicas
+    labels = [r.label for r in replicas]
+    dictionary = tuple(jnp.asarray(a) for a in kv.make_dictionary(cfg.kv))
+    task, bounds, base_seed = cfg.kv, cfg.bounds, cfg.seed
+    eval_data = fixed_set(cfg, dictionary, EVAL_SEED, task.n_max, cfg.eval_n)
+    evaluation = {}
+
+    def eval_fn(built):
+        # not built.eval_fn (a mean over per-batch metrics): this pools exact counts over chunks in one
+        # compiled loop and takes the fixed set as an argument, not a constant.
+        evaluate = evaluation["evaluate"] = make_evaluate(built.model, jnp.dtype(cfg.model.dtype))
+        sweep_eval = jax.jit(lambda params, data: sweep.replica_vmap(evaluate, (0, None))(params, data))
+        return lambda s: sweep_eval(s.train.params, eval_data)
+
+    trained = run_experiment(
+        rd, model=cfg.model, optim=cfg.optim, replicas=replicas, loss=kv_loss,
+        loop_cfg=dataclasses.replace(cfg.loop, name=f"p1_kv {task.query}"), mesh_cfg=cfg.mesh, mesh=mesh,
+        fingerprint=cfg.fingerprint(), stop=cfg.stop, resume_stopped=True, eval_fn=eval_fn, force_sweep=True,
+        meta={"config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "labels": labels},
+        sample=lambda seed, k, b: kv.sample(step_key(seed, k), task, dictionary, b[0], b[1]),
+        stage=lambda k: lb.bucket_for_step(bounds, base_seed, int(k), salt=kv.BUCKET_SALT))
+    built, result, evaluate = trained.built, trained.result, evaluation["evaluate"]
+    state = result.state
+    escape = [None if v < 0 else int(v) for v in np.asarray(state.escape_step)]
+    offsets = [r.offset for r in replicas]
+    seeds = list(range(cfg.seed, cfg.seed + cfg.seeds))
+    steps, values = eval_curves(rd.read_metrics(), len(replicas))
+
+    summary = {
+        "program": "p1_kv", "query": task.query, "kv": dataclasses.asdict(task), "block": cfg.model.block,
+        "preset": cfg.preset, "params": presets.param_count(cfg.model), "lr": cfg.lr,
+        "replicas": labels, "replica_offset": offsets, "replica_seed": [r.seed for r in replicas],
+        "offsets": list(cfg.offsets), "seeds": seeds, "steps": result.step, "resumed_from": result.resumed_from,
+        "escape_thr": cfg.escape_thr, "stop_thr": cfg.stop_thr,
+        "escape_step": escape,
+        "stopped_step": [None if v < 0 else int(v) for v in np.asarray(state.stopped_step)],
+        "diverged": [bool(v) for v in np.asarray(state.diverged)],
+        "escape_step_by_offset": {offset_key(o): [escape[i] for i, r in enumerate(replicas) if r.offset == o]
+                                  for o in cfg.offsets},
+        "plateau_accuracy": plateau_accuracy(steps, values, offsets, escape),
+        "memoriser_accuracy": (1.0 - task.eps) ** task.m,
+        "escape_fit": linear_fit([math.exp(offsets[i]) for i, e in enumerate(escape) if e is not None],
+                                 [e for e in escape if e is not None]),
+        "curves": [{"label": labels[r], "offset": offsets[r], "seed": replicas[r].seed, "step": steps,
+                    "seq_accuracy": [float(v) for v in values[:, r]]} for r in range(len(replicas))],
+        "final": {k.removeprefix("eval_"): v for k, v in result.last_eval.items()},
+        "eval_examples": int(eval_data.inputs.shape[0] * eval_data.inputs.shape[1]),
+    }
+    for message in sweep.report_divergence(state, labels):
+        say(f"[p1_kv] {message}")
+
+    final_params = built.params(state)
+    if cfg.lengen_ns:
+        summary.update(length_generalisation(cfg, built, evaluate, dictionary, final_params, replicas))
+    summary.update(gate_stats(built, cfg.model, replicas, final_params))
+    summary["wall_s"] = time.perf_counter() - t0
+    if jax.process_index() == 0:
+        rd.write_csv("kv_curve.csv", ("offset", "seed", "step", "seq_acc"),
+                     [(offsets[r], replicas[r].seed, s, values[i, r])
+                      for r in range(len(replicas)) for i, s in enumerate(steps)])
+        if cfg.lengen_ns:
+            rd.write_csv("kv_len.csv", ("offset", "seed", "n_pairs", "seq_acc"),
+                         [(o, seeds[i], n, acc) for o, by_n in summary["lengen_accuracy"].items()
+                          for n, cell in by_n.items() for i, acc in enumerate(cell["per_seed"])])
+        rd.write_json("summary.json", summary)
+    esc = ", ".join(f"{o}: {v}" for o, v in summary["escape_step_by_offset"].items())
+    say(f"[p1_kv] escape steps by offset {{{esc}}}; plateau accuracy {summary['plateau_accuracy']}")
+    return to_jsonable(summary)
+
+
+def length_generalisation(cfg: KVRunCfg, built, evaluate, dictionary, params, replicas) -> dict:
+    """Every replica at each n of lengen_ns on a fresh fixed set (seed LENGEN_SEED + n), one replica at a
+    time (the longest sets are the largest arrays of the run): {"lengen_accuracy", "lengen_examples",
+    "lengen_detail"}."""
+    one = jax.jit(evaluate)
+    examples = cfg.lengen_eval_n or cfg.eval_n
+    acc, count, detail = {}, {}, {}
+    for n in cfg.lengen_ns:
+        data = fixed_set(cfg, dictionary, LENGEN_SEED + n, n, examples)
+        count[str(n)] = int(data.inputs.shape[0] * data.inputs.shape[1])
+        per_replica = []
+        for r in range(len(replicas)):
+            m = jax.device_get(one(jax.tree.map(lambda a: a[r], params), data))
+            per_replica.append({k: float(v) for k, v in m.items()})
+        detail[str(n)] = per_replica
+        for o in cfg.offsets:
+            vals = [per_replica[r]["seq_accuracy"] for r, rep in enumerate(replicas) if rep.offset == o]
+            acc.setdefault(offset_key(o), {})[str(n)] = t_interval(vals)
+        say(f"[p1_kv] length generalisation n={n}: " + ", ".join(
+            f"delta {o}: {v[str(n)]['mean']:.3f}" for o, v in acc.items()))
+    return {"lengen_accuracy": acc, "lengen_examples": count, "lengen_detail": detail}
+
+
+def describe(cfg: KVRunCfg) -> str:
+    """The --dry_run report: task, lengths, model size, optimizer, replicas, evaluation sets, mesh."""
+    t, N = cfg.kv, cfg.kv.n_max
+    mean_len = float(np.mean([kv.seq_len(t, n) for n in range(1, N + 1)]))
+    lines = [f"task: {t}",
+             f"  sequence length at n = N = {N}: {kv.seq_len(t, N)} tokens (mean over U{{1..{N}}}: {mean_len:.0f}); "
+             f"{cfg.n_buckets} length buckets {cfg.bounds[:4]}{' ...' if cfg.n_buckets > 4 else ''}",
+             f"  memoriser accuracy (1 - eps)^m = {(1 - t.eps) ** t.m:.4f}",
+             f"model: {cfg.model}", f"optimizer: {cfg.optim}", f"loop: {cfg.loop}",
+             f"escape: first eval with {METRIC} > {cfg.escape_thr}; stop at >= {cfg.stop_thr}",
+             f"replicas ({len(cfg.replicas)}, one vmapped sweep): offsets {', '.join(offset_key(o) for o in cfg.offsets)}"
+             f" x seeds {cfg.seed}..{cfg.seed + cfg.seeds - 1} at lr {cfg.lr:g}"]
+    chunks, chunk = eval_chunk(cfg, N, cfg.eval_n)
+    lines.append(f"eval: {chunks * chunk} examples at n = {N} ({chunks} chunk(s) of {chunk})")
+    for n in cfg.lengen_ns:
+        chunks, chunk = eval_chunk(cfg, n, cfg.lengen_eval_n or cfg.eval_n)
+        lines.append(f"length generalisation n = {n}: {kv.seq_len(t, n)} tokens, {chunks * chunk} examples "
+                     f"({chunks} chunk(s) of {chunk})")
+    lines += ["", presets.count_table(cfg.model, cfg.preset or "")]
+    mesh, note = meshlib.mesh_for_description(cfg.mesh)
+    lines.append(f"mesh {dict(mesh.shape)}{note}")
+    return "\n".join(lines)

@@ -1,0 +1,273 @@
+"""Program `p2_lm`: pretrain a language model on text and evaluate it the way P2 does (SPEC 7, 8).
+
+    python -m ssmgate.main --flagfile=experiments/p2/cpu/lm_rope05.flags --run_dir=runs/lm_rope05
+
+1. Data (SPEC 7.1, issue #7): documents of `--corpus` ('embedded', 'pg19:<folder>', 'tfds:<name>',
+   'files:<glob>') tokenized (`--tokenizer`: byte, or a tokenizer.json / SentencePiece .model),
+   joined with EOS and cut into rows of seq_len + 1 tokens. The training split is prepared once
+   into token shards (`ssmgate.data.prepare`, under `--token_cache_dir`, else a temporary folder
+   of the run) and read by `ssmgate.data.loader`: each process reads only its rows of each batch,
+   and the batch of step k is a function of (seed, k) only, byte-identical to
+   `text_packing.batch_at` of the same stream, so a resumed run sees the batches of an
+   uninterrupted one. The validation split stays one small in-memory stream.
+2. Training with the framework's loop (orbax checkpoints, automatic resume, metrics.jsonl); every
+   `--eval_every` steps the held-out PPL over all validation rows (state reset per row): the
+   validation curve of Fig 7.
+3. The long-context evaluation of `p2_lm_eval` on the books of `--eval_split` of `--eval_corpus`:
+   SPEC 7.2 windows at every `--lm_windows` size, and on a rotation model the interventions,
+   write/read removal, layer-window heat map, state diagnostics and phase trajectories. With
+   `--init_official=<safetensors>` (and no --steps) it evaluates a converted official checkpoint
+   without training.
+
+summary.json: "variant", "params", "steps", "wall_s", "train_wall_s", "tokens_per_s", "ppl" (final
+validation PPL), "val_curve" ([step, ppl] pairs), "params_digest", "data" (token counts), and
+"long_eval" (p2_lm_eval.evaluate's dict).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import tempfile
+import time
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ssmgate.models import presets
+from ssmgate.models.config import ModelCfg
+from ssmgate.models.lm import build_model
+from ssmgate.data import loader as data_loader
+from ssmgate.data.prepare import PrepareMismatch, prepare
+from ssmgate.data.store import TokenStore
+from ssmgate.train import lm_runs
+from ssmgate.train.experiment import run_experiment
+from ssmgate.train.lm_runs import text_loss
+from ssmgate.config_error import ConfigError
+from ssmgate.programs.p2_lm.long_eval import LongEvalCfg, evaluate
+from ssmgate.tasks import text_corpus, text_packing
+from ssmgate.tasks.tokenizers import load_tokenizer
+from ssmgate.train import loop, mesh as meshlib, optim, sweep
+from ssmgate.train.run_dir import RunDir, say
+from ssmgate.train.throughput import Throughput
+from ssmgate.train.writers import plot_curves
+
+
+@dataclasses.dataclass(frozen=True)
+class TextCfg:
+    corpus: str = "embedded"            # training and validation text (text_corpus.open_corpus)
+    eval_corpus: str = ""               # the long-context books; "" = corpus
+    eval_split: str = "test"
+    tokenizer: str = "byte"             # "byte" or a tokenizer.json / .model file
+    tfds_data_dir: Optional[str] = None
+    text_key: str = "book_text"         # the text feature of a TFDS dataset
+    seq_len: int = 256
+    batch: int = 16
+    eval_batch: int = 16                # validation rows per forward
+    max_train_tokens: Optional[int] = None
+    max_valid_tokens: Optional[int] = None
+    max_eval_books: Optional[int] = None
+    cache_dir: Optional[str] = None     # training shards and validation .npy; None = tokenize every run
+
+    def validate(self) -> "TextCfg":
+        for name in ("seq_len", "batch", "eval_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: expected >= 1")
+        for name in ("max_train_tokens", "max_valid_tokens", "max_eval_books"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ValueError(f"{name}={v}: expected >= 1 (or unset)")
+        if self.eval_split not in text_corpus.SPLITS:
+            raise ValueError(f"eval_split={self.eval_split!r}: expected one of {text_corpus.SPLITS}")
+        for name in ("corpus", "eval_corpus"):
+            if getattr(self, name):
+                text_corpus.parse_corpus(getattr(self, name), name)
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
+class P2LMCfg:
+    model: ModelCfg
+    optim: optim.OptimCfg
+    text: TextCfg
+    long_eval: LongEvalCfg
+    loop: Optional[loop.LoopCfg]         # None: evaluate --init_official's weights, no training
+    mesh: meshlib.MeshCfg
+    seed: int = 0
+    variant: str = ""                   # the report's name for this model (e.g. "rotation")
+    preset: Optional[str] = None
+    init_official: Optional[str] = None  # safetensors of an official Mamba-3 checkpoint: evaluated, not trained
+    official_gate: Optional[object] = None  # official_gate.NativePPLGate, checked before anything is measured
+
+    def fingerprint(self) -> str:
+        """What a checkpoint must match to be resumed: model, optimizer, data and seed."""
+        keyed = {"model": dataclasses.asdict(self.model), "optim": dataclasses.asdict(self.optim),
+                 "text": {k: v for k, v in dataclasses.asdict(self.text).items()
+                          if k not in ("eval_corpus", "eval_split", "eval_batch", "max_eval_books", "cache_dir")},
+                 "seed": self.seed}
+        return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def validate(self) -> "P2LMCfg":
+        try:
+            self.text.validate()
+            self.long_eval.validate()
+            meshlib.check_batch(self.text.batch, self.mesh.data)  # -1 (all devices): checked by train()
+        except ValueError as e:
+            raise ConfigError(f"--{e}") from None
+        # A tokenizer file is opened (and its vocabulary checked) when the run loads its data.
+        tokenizer = load_tokenizer(self.text.tokenizer) if self.text.tokenizer == "byte" else None
+        if tokenizer is not None and tokenizer.vocab_size > self.model.vocab_size:
+            raise ConfigError(f"--vocab_size={self.model.vocab_size}: the tokenizer {tokenizer.name!r} has "
+                              f"{tokenizer.vocab_size} tokens; expected --vocab_size >= {tokenizer.vocab_size}")
+        if (self.init_official is None) == (self.loop is None):
+            raise ConfigError("--init_official evaluates a converted checkpoint without training, and --steps "
+                              "trains: expected exactly one of them")
+        if self.seed < 0:
+            raise ConfigError(f"--seed={self.seed}: expected >= 0")
+        return self
+
+
+@dataclasses.dataclass
+class TextData:
+    train: TokenStore            # prepared token shards, read per batch
+    valid: np.ndarray            # token stream
+    books: list                  # eval books, token arrays
+    tokenizer_name: str
+    eos_id: int
+    scratch: Optional[tempfile.TemporaryDirectory] = None  # holds `train` when there is no cache_dir
+
+
+def _cache(cfg: TextCfg, corpus: str, split: str) -> Optional[str]:
+    if cfg.cache_dir is None:
+        return None
+    safe = "".join(ch if ch.isalnum() else "_" for ch in corpus)
+    return f"{cfg.cache_dir}/{safe}_{split}_{cfg.tokenizer.replace('/', '_')}.npy"
+
+
+def _train_shards(cfg: TextCfg) -> tuple[TokenStore, Optional[tempfile.TemporaryDirectory]]:
+    """The training split's token shards: prepared once under cache_dir (beside the .npy
+    streams, named the same way), or into a temporary folder that lives as long as the data."""
+    scratch = None
+    if cfg.cache_dir is None:
+        scratch = tempfile.TemporaryDirectory(prefix="ssmgate-train-tokens-")
+        out = f"{scratch.name}/shards"
+    else:
+        out = _cache(cfg, cfg.corpus, "train").removesuffix(".npy") + ".shards"
+    try:
+        store = prepare(cfg.corpus, "train", out, tokenizer=cfg.tokenizer, max_tokens=cfg.max_train_tokens,
+                        data_dir=cfg.tfds_data_dir, text_key=cfg.text_key,
+                        log=say if jax.process_index() == 0 else None)
+    except PrepareMismatch as e:
+        raise ConfigError(f"--token_cache_dir: {e}") from None
+    return store, scratch
+
+
+def load_text(cfg: TextCfg, vocab_size: int) -> TextData:
+    tok = load_tokenizer(cfg.tokenizer)
+    if tok.vocab_size > vocab_size:
+        raise ConfigError(f"--vocab_size={vocab_size}: the tokenizer {cfg.tokenizer} has {tok.vocab_size} tokens; "
+                          f"expected --vocab_size >= {tok.vocab_size}")
+    open_ = lambda spec, split: text_corpus.open_corpus(spec, split, data_dir=cfg.tfds_data_dir,
+                                                        text_key=cfg.text_key)
+    train, scratch = _train_shards(cfg)
+    valid = text_packing.token_stream(open_(cfg.corpus, "validation"), tok, max_tokens=cfg.max_valid_tokens,
+                                      cache_path=_cache(cfg, cfg.corpus, "validation"))
+    books = []
+    for doc in open_(cfg.eval_corpus or cfg.corpus, cfg.eval_split):
+        if cfg.max_eval_books is not None and len(books) >= cfg.max_eval_books:
+            break
+        books.append(np.asarray(tok.encode(doc), np.int32))
+    for name, check in (("train", lambda: data_loader.RowSource(train, cfg.seq_len)),
+                        ("validation", lambda: text_packing.n_rows(valid, cfg.seq_len))):
+        try:
+            check()
+        except ValueError as e:
+            raise ConfigError(f"--corpus={cfg.corpus}: the {name} split is too short for --seq_len={cfg.seq_len}"
+                              f" ({e})") from None
+    return TextData(train, valid, books, tok.name, int(tok.eos_id), scratch)
+
+
+def describe(cfg: P2LMCfg) -> str:
+    lines = [f"model: {cfg.model}", f"optimizer: {cfg.optim}", f"text: {cfg.text}", f"long_eval: {cfg.long_eval}",
+             f"loop: {cfg.loop}", "", presets.count_table(cfg.model, cfg.preset or "")]
+    if cfg.preset in presets.PAPER_SIZES:
+        paper, total = presets.PAPER_SIZES[cfg.preset], presets.param_count(cfg.model)
+        lines.append(f"  the paper states {paper / 1e6:,.0f} M: this model is {100 * (total / paper - 1):+.1f}%")
+    return "\n".join(lines + lm_runs.describe_mesh(cfg.model, cfg.mesh, cfg.text.batch))
+
+
+def _validation_fn(model, data: TextData, cfg: TextCfg):
+    """state -> {"loss", "ppl", "accuracy"} pooled over every validation row (zero state per row)."""
+    score = jax.jit(lambda params, batch: text_loss(model.apply({"params": params}, batch.inputs)[0], batch)[1])
+
+    def eval_fn(state):
+        sums = np.zeros(3)
+        for batch in text_packing.eval_batches(data.valid, cfg.seq_len, cfg.eval_batch):
+            m = jax.device_get(score(state.params, batch))
+            sums += [float(m["nll_sum"]), float(m["n_tokens"]), float(m["n_correct"])]
+        nll = sums[0] / sums[1]
+        return {"loss": nll, "ppl": math.exp(nll), "accuracy": sums[2] / sums[1]}
+    return eval_fn
+
+
+def train(cfg: P2LMCfg, rd: RunDir, data: TextData):
+    """The training loop: (params, loop result)."""
+    text = cfg.text
+    trained = run_experiment(
+        rd, model=cfg.model, optim=cfg.optim, replicas=(sweep.Replica(seed=cfg.seed, lr=cfg.optim.lr),),
+        loss=text_loss, loop_cfg=cfg.loop, mesh_cfg=cfg.mesh, batch=text.batch, fingerprint=cfg.fingerprint(),
+        meta={"config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str))},
+        eval_fn=lambda built: _validation_fn(built.model, data, text),
+        throughput=Throughput.for_lm(cfg.model, text.batch, text.seq_len),
+        global_batch=lambda sharding: data_loader.global_batch_fn(data.train, text.seq_len, text.batch, cfg.seed,
+                                                                  sharding))
+    return trained.result.state.params, trained.result
+
+
+@dataclasses.dataclass
+class _Params:  # what _validation_fn reads of a training state
+    params: dict
+
+
+def _val_curve(rd: RunDir) -> list:
+    return [[r["step"], r["eval_ppl"]] for r in rd.read_metrics() if r.get("kind") == "eval" and "eval_ppl" in r]
+
+
+def run(cfg: P2LMCfg, run_dir: str) -> dict:
+    rd = RunDir(run_dir)
+    start = time.perf_counter()
+    data = load_text(cfg.text, cfg.model.vocab_size)
+    say(f"[p2_lm] data: {len(data.train):,} train / {len(data.valid):,} validation tokens, "
+        f"{len(data.books)} eval books ({sum(map(len, data.books)):,} tokens), tokenizer {data.tokenizer_name}")
+    if cfg.loop is None:
+        from ssmgate.interventions.convert_mamba3 import load_official
+        params = jax.tree.map(jnp.asarray, load_official(cfg.init_official, cfg.model))
+        if cfg.official_gate is not None:  # stops the run unless the converted model is the published one
+            cfg.official_gate.check(cfg.model, params, data.books, cfg.long_eval, rd, lm_runs.params_digest(params))
+        evals = _validation_fn(build_model(cfg.model), data, cfg.text)(_Params(params))
+        trained = {"steps": 0, "resumed_from": None, "tokens_per_s": None, "init_official": cfg.init_official}
+    else:
+        params, result = train(cfg, rd, data)
+        evals = {k.removeprefix("eval_"): v for k, v in result.last_eval.items()}
+        steps_run = result.step - (result.resumed_from or 0)
+        trained = {"steps": result.step, "resumed_from": result.resumed_from,
+                   "tokens_per_s": steps_run * cfg.text.batch * cfg.text.seq_len / max(result.wall_s, 1e-9)}
+    train_wall = time.perf_counter() - start
+    digest = lm_runs.params_digest(params)
+    long_eval = evaluate(cfg.model, params, data.books, cfg.long_eval, rd, digest, eos_id=data.eos_id)
+    summary = {"variant": cfg.variant, "params": presets.param_count(cfg.model), **trained,
+               "train_wall_s": train_wall, "wall_s": time.perf_counter() - start,
+               "ppl": evals.get("ppl"), "val_accuracy": evals.get("accuracy"),
+               "val_curve": _val_curve(rd), "params_digest": digest,
+               "data": {"train_tokens": int(len(data.train)), "valid_tokens": int(len(data.valid)),
+                        "eval_books": len(data.books), "tokenizer": data.tokenizer_name},
+               "long_eval": long_eval}
+    if jax.process_index() == 0:
+        rd.write_json("summary.json", summary)
+        plot_curves(rd, names=("loss", "ppl", "accuracy"))
+    say(f"[p2_lm] validation PPL {summary['ppl']:.3f}; window PPL "
+        + ", ".join(f"{c}: {v:.3f}" for c, v in long_eval["window_ppl"].items() if v is not None))
+    return summary

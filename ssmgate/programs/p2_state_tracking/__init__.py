@@ -1,0 +1,1 @@
+"""p2_state_tracking"""

@@ -1,0 +1,66 @@
+"""The one list of ssmgate's programs and experiments, read by `ssmgate.main` (which program a
+`--program` names, and which flags it reads), `ssmgate.reproduce` (which flag files each experiment
+runs and which report section it writes) and the benchmarks.
+
+A program is a package `ssmgate.programs.<package>` with
+- `flags.py`: its own flags, `GROUPS_READ` (the shared flag groups of ssmgate.cli.training_flags it
+  reads), `config_from_flags()`, `describe(cfg)` and `run(cfg, run_dir)`;
+- `program.py`: the run itself; and, for an experiment of the reproduction report,
+- `report.py`: `RUNS`, `collect`, `checks`, `recheck` and `build` (ssmgate.reproduce).
+No program imports another: what two share lives in a lower layer (ssmgate.train, ssmgate.cli,
+ssmgate.report, ...); tests/test_layers.py holds that.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from types import ModuleType
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    name: str                    # the value of --program
+    package: str                 # ssmgate.programs.<package>
+    paper: str | None = None     # an experiment of the reproduction: its folder experiments/<paper>/
+    runs: tuple[str, ...] = ()   # its flag files there, <run>.flags at each scale
+
+    def module(self, leaf: str) -> ModuleType:
+        return importlib.import_module(f"ssmgate.programs.{self.package}.{leaf}")
+
+    @property
+    def flags(self) -> ModuleType:
+        return self.module("flags")
+
+    @property
+    def report(self) -> ModuleType:
+        return self.module("report")
+
+
+PROGRAMS = {p.name: p for p in (
+    Program("p1_fig1", "p1_fig1", "p1", ("fig1a", "fig1b", "fig1c", "fig1d")),
+    Program("p1_kv", "p1_kv", "p1", ("kv_best_first", "kv_best_last", "kv_transformer")),
+    Program("p1_horn", "p1_horn", "p1", ("horn_retrieval", "horn_lengen", "horn_transformer")),
+    Program("p1_tools", "p1_tools", "p1", ("tools_pretrain", "tools_sft")),
+    Program("p2_state_tracking", "p2_state_tracking", "p2",
+            ("state_tracking_parity", "state_tracking_mod3", "state_tracking_arith")),
+    Program("p2_lm", "p2_lm", "p2", ("lm_rope05", "lm_rope0", "lm_rope05_seed1", "lm_rope0_seed1")),
+    Program("train", "train_lm"),
+)}
+
+# The experiments of the reproduction report, in its order.
+EXPERIMENTS = {name: p for name, p in PROGRAMS.items() if p.paper is not None}
+
+
+def define_all_flags() -> None:
+    """Imports every program's flags module: absl parses a flag only once it is defined."""
+    for p in PROGRAMS.values():
+        _ = p.flags
+
+
+def flag_names(name: str) -> dict[str, list[str]]:
+    """{group: flag names} that --program=name reads: 'own' (its flags module's), then its groups."""
+    from absl import flags
+    from ssmgate.cli import training_flags
+    module = PROGRAMS[name].flags
+    own = sorted(f.name for f in flags.FLAGS.get_flags_for_module(module.__name__))
+    return {"own": own, **{g: list(training_flags.GROUPS[g]) for g in module.GROUPS_READ}}

@@ -1,0 +1,49 @@
+"""Flags of the `train` program and their translation to TrainLMCfg (the shared model, optimizer,
+mesh, loop, learning-rate and gate-offset flags are in ssmgate.cli.training_flags). A grid in `--lr`
+or `--gate_offset`, or `--seeds` > 1, trains every combination as one vmapped sweep."""
+from __future__ import annotations
+
+from absl import flags
+
+from ssmgate.cli import training_flags as tf
+from ssmgate.programs.train_lm import program as train_lm
+from ssmgate.config_error import ConfigError
+from ssmgate.tasks import synthetic_lm
+from ssmgate.train import sweep
+
+flags.DEFINE_integer("eval_batches", 4, "Batches of the fixed evaluation set.")
+flags.DEFINE_boolean("sweep", False, "Train as a vmapped sweep even with one replica.")
+flags.DEFINE_string("stop_metric", "seq_accuracy", "Eval metric of the sweep's escape and early-stop rules.")
+
+FLAGS = flags.FLAGS
+GROUPS_READ = ("run", "seeds", "lr", "gate_offset", "model", "optim", "mesh", "loop", "stop", "seq_len", "task")
+
+
+def config_from_flags() -> train_lm.TrainLMCfg:
+    steps, batch = tf.require("steps", "train"), tf.require("batch", "train")
+    lrs = tf.learning_rates("train")  # the optimizer's own lr is set per replica
+    task_name = FLAGS.task or "copy"
+    if task_name not in synthetic_lm.TASKS:
+        raise ConfigError(f"--task={task_name}: expected one of {', '.join(synthetic_lm.TASKS)} for --program=train")
+    model = tf.model_cfg()
+    try:
+        task = synthetic_lm.SyntheticCfg(task_name, batch, FLAGS.seq_len, model.vocab_size).validate()
+    except ValueError as e:
+        raise ConfigError(f"--{e}" if not str(e).startswith("--") else str(e)) from None
+    offsets = tf.gate_offsets()
+    if FLAGS.seeds < 1:
+        raise ConfigError(f"--seeds={FLAGS.seeds}: expected >= 1")
+    replicas = tuple(sweep.grid(range(FLAGS.seed, FLAGS.seed + FLAGS.seeds), lrs, offsets))
+    stop = sweep.StopRule(FLAGS.stop_metric, FLAGS.escape_thr, FLAGS.stop_thr)
+    cfg = train_lm.TrainLMCfg(model=model, optim=tf.optim_cfg(lrs[0], steps), task=task, loop=tf.loop_cfg(steps),
+                              mesh=tf.mesh_cfg(), replicas=replicas, stop=stop, eval_batches=FLAGS.eval_batches,
+                              preset=FLAGS.preset, force_sweep=FLAGS.sweep)
+    return cfg.validate()
+
+
+def describe(cfg) -> str:
+    return train_lm.describe(cfg)
+
+
+def run(cfg, run_dir: str) -> dict:
+    return train_lm.run(cfg, run_dir)

@@ -1,0 +1,1 @@
+"""Report building blocks shared by the experiments' report sections and the reproduction report."""
