@@ -2,7 +2,7 @@
 `--program` names, and which flags it reads), `ssmgate.reproduce` (which flag files each experiment
 runs and which report section it writes) and the benchmarks.
 
-A program is a package `ssmgate.programs.<package>` with
+A program is a package (`ssmgate.programs.<name>`; docs/extending.md adds one step by step) with
 - `flags.py`: its own flags, `GROUPS_READ` (the shared flag groups of ssmgate.cli.training_flags it
   reads), `config_from_flags()`, `describe(cfg)` and `run(cfg, run_dir)`;
 - `program.py`: the run itself; and, for an experiment of the reproduction report,
@@ -20,12 +20,12 @@ from types import ModuleType
 @dataclasses.dataclass(frozen=True)
 class Program:
     name: str                    # the value of --program
-    package: str                 # ssmgate.programs.<package>
+    package: str                 # its package, e.g. ssmgate.programs.p1_kv
     paper: str | None = None     # an experiment of the reproduction: its folder experiments/<paper>/
     runs: tuple[str, ...] = ()   # its flag files there, <run>.flags at each scale
 
     def module(self, leaf: str) -> ModuleType:
-        return importlib.import_module(f"ssmgate.programs.{self.package}.{leaf}")
+        return importlib.import_module(f"{self.package}.{leaf}")
 
     @property
     def flags(self) -> ModuleType:
@@ -37,14 +37,14 @@ class Program:
 
 
 PROGRAMS = {p.name: p for p in (
-    Program("p1_fig1", "p1_fig1", "p1", ("fig1a", "fig1b", "fig1c", "fig1d")),
-    Program("p1_kv", "p1_kv", "p1", ("kv_best_first", "kv_best_last", "kv_transformer")),
-    Program("p1_horn", "p1_horn", "p1", ("horn_retrieval", "horn_lengen", "horn_transformer")),
-    Program("p1_tools", "p1_tools", "p1", ("tools_pretrain", "tools_sft")),
-    Program("p2_state_tracking", "p2_state_tracking", "p2",
+    Program("p1_fig1", "ssmgate.programs.p1_fig1", "p1", ("fig1a", "fig1b", "fig1c", "fig1d")),
+    Program("p1_kv", "ssmgate.programs.p1_kv", "p1", ("kv_best_first", "kv_best_last", "kv_transformer")),
+    Program("p1_horn", "ssmgate.programs.p1_horn", "p1", ("horn_retrieval", "horn_lengen", "horn_transformer")),
+    Program("p1_tools", "ssmgate.programs.p1_tools", "p1", ("tools_pretrain", "tools_sft")),
+    Program("p2_state_tracking", "ssmgate.programs.p2_state_tracking", "p2",
             ("state_tracking_parity", "state_tracking_mod3", "state_tracking_arith")),
-    Program("p2_lm", "p2_lm", "p2", ("lm_rope05", "lm_rope0", "lm_rope05_seed1", "lm_rope0_seed1")),
-    Program("train", "train_lm"),
+    Program("p2_lm", "ssmgate.programs.p2_lm", "p2", ("lm_rope05", "lm_rope0", "lm_rope05_seed1", "lm_rope0_seed1")),
+    Program("train", "ssmgate.programs.train_lm"),
 )}
 
 # The experiments of the reproduction report, in its order.

@@ -10,11 +10,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ssmgate.config_error import ConfigError
 from ssmgate.models import gates
 from ssmgate.models.config import ModelCfg
 from ssmgate.train import lm_runs, sweep
 from ssmgate.train.checkpoint import CheckpointError, Checkpointer
-from ssmgate.train.run_dir import RunDir
+from ssmgate.train.run_dir import RunDir, say
 
 
 def offset_key(offset: float) -> str:
@@ -39,7 +40,7 @@ def linear_fit(x, y) -> dict:
 
 
 def t_interval(values, bounds=(0.0, 1.0)) -> dict:
-    """{mean, ci95_lo, ci95_hi, per_seed}: mean +- t_{0.975, s-1} sd / sqrt(s) over s seeds (SPEC §0.2),
+    """{mean, ci95_lo, ci95_hi, per_seed}: mean +- t_{0.975, s-1} sd / sqrt(s) over s seeds (protocol §0.2),
     clipped to `bounds` (an accuracy's range: with 2 seeds t = 12.7 reaches far outside it); with one
     seed the interval is the mean itself."""
     v = np.asarray(values, np.float64)
@@ -73,7 +74,7 @@ def stopped_at_checkpoint(rd: RunDir, abstract, fingerprint: str, steps: int) ->
 
 
 def gate_stats(run_built, model_cfg: ModelCfg, replicas, final_params) -> dict:
-    """Median tau over the heads of all layers (SPEC 2.5) at initialisation and after training, and the
+    """Median tau over the heads of all layers (protocol §2.5) at initialisation and after training, and the
     median |delta alpha|, per offset and seed (Mamba-2 only)."""
     if model_cfg.block != "mamba2":
         return {}
@@ -88,3 +89,41 @@ def gate_stats(run_built, model_cfg: ModelCfg, replicas, final_params) -> dict:
         entry["final"].append(gates.median_tau(after))
         change.setdefault(offset_key(rep.offset), []).append(gates.median_alpha_change(before, after))
     return {"median_tau": tau, "median_alpha_change": change}
+
+
+def check_offsets(offsets, block: str) -> None:
+    """A sweep's gate offsets: at least one, distinct, finite, and only 0 for a model without Mamba-2's A_log."""
+    text = ",".join(f"{o:g}" for o in offsets)
+    if not offsets:
+        raise ConfigError("--gate_offset: expected at least one gate offset")
+    if len(set(offsets)) != len(offsets):
+        raise ConfigError(f"--gate_offset={text}: expected distinct offsets")
+    if not all(math.isfinite(o) for o in offsets):
+        raise ConfigError(f"--gate_offset={text}: expected finite offsets")
+    if block != "mamba2" and any(o != 0.0 for o in offsets):
+        raise ConfigError(f"--gate_offset={text}: gate offsets act on Mamba-2's A_log; --block={block} has none "
+                          "(expected --gate_offset=0)")
+
+
+def length_generalisation(sizes, make_set, evaluate, params, replicas, offsets, metric: str, tag: str,
+                          keep: Optional[tuple] = None) -> dict:
+    """Every replica of a sweep at each size on its fixed set `make_set(size)`, one replica at a time (the
+    longest sets are the largest arrays of a run): {"lengen_accuracy" {offset: {size: t_interval over
+    seeds of `metric`}}, "lengen_examples" {size: examples}, "lengen_detail" {size: [per replica, the
+    metrics `keep` (default all)]}}. evaluate(params, data) -> metrics, jitted here."""
+    one = jax.jit(evaluate)
+    acc, count, detail = {}, {}, {}
+    for size in sizes:
+        data = make_set(size)
+        count[str(size)] = int(data.inputs.shape[0] * data.inputs.shape[1])
+        per_replica = []
+        for r in range(len(replicas)):
+            m = jax.device_get(one(jax.tree.map(lambda a: a[r], params), data))
+            per_replica.append({k: float(v) for k, v in m.items() if keep is None or k in keep})
+        detail[str(size)] = per_replica
+        for o in offsets:
+            vals = [per_replica[r][metric] for r, rep in enumerate(replicas) if rep.offset == o]
+            acc.setdefault(offset_key(o), {})[str(size)] = t_interval(vals)
+        say(f"[{tag}] length generalisation at {size}: " + ", ".join(
+            f"delta {o}: {v[str(size)]['mean']:.3f}" for o, v in acc.items()))
+    return {"lengen_accuracy": acc, "lengen_examples": count, "lengen_detail": detail}

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from absl import flags
 
+from ssmgate.train import sweep_results
 from ssmgate.models.config import ModelCfg
 from ssmgate.programs.p1_kv import program as p1_kv
 from ssmgate.programs.p1_kv import report
@@ -109,15 +110,15 @@ def test_an_early_stopped_sweep_ends_early_and_resumes_without_training(tmp_path
 
 
 def test_escape_fit_and_t_interval():
-    fit = p1_kv.linear_fit([1.0, 2.0, 3.0, 4.0], [10.0, 21.0, 29.0, 40.0])
+    fit = sweep_results.linear_fit([1.0, 2.0, 3.0, 4.0], [10.0, 21.0, 29.0, 40.0])
     assert fit["slope"] == pytest.approx(9.8) and fit["n"] == 4 and 0.98 < fit["r2"] < 1.0
-    assert p1_kv.linear_fit([1.0, 1.0, 1.0], [1.0, 2.0, 3.0])["slope"] is None
-    assert p1_kv.linear_fit([1.0, 2.0, 3.0], [5.0, 5.0, 5.0])["r2"] is None
-    ci = p1_kv.t_interval([0.2, 0.4, 0.3, 0.5, 0.1])
+    assert sweep_results.linear_fit([1.0, 1.0, 1.0], [1.0, 2.0, 3.0])["slope"] is None
+    assert sweep_results.linear_fit([1.0, 2.0, 3.0], [5.0, 5.0, 5.0])["r2"] is None
+    ci = sweep_results.t_interval([0.2, 0.4, 0.3, 0.5, 0.1])
     assert ci["mean"] == pytest.approx(0.3)
     assert ci["ci95_hi"] - ci["mean"] == pytest.approx(2.776 * np.std([0.2, 0.4, 0.3, 0.5, 0.1], ddof=1) / 5 ** 0.5,
                                                        rel=1e-3)
-    wide = p1_kv.t_interval([0.6, 1.0])  # 2 seeds: t = 12.7, the raw interval leaves [0, 1]
+    wide = sweep_results.t_interval([0.6, 1.0])  # 2 seeds: t = 12.7, the raw interval leaves [0, 1]
     assert (wide["ci95_lo"], wide["ci95_hi"]) == (0.0, 1.0) and wide["mean"] == pytest.approx(0.8)
 
 
@@ -219,7 +220,7 @@ def first_summary(escape=None, plateau=0.65):
     xs = [math.exp(float(o)) for o, s in escape.items() for e in s if e is not None]
     ys = [e for s in escape.values() for e in s if e is not None]
     return {"kv": {"n_max": 32, "m": 4, "eps": 0.1}, "escape_step_by_offset": escape, "plateau_accuracy": plateau,
-            "memoriser_accuracy": 0.9 ** 4, "escape_fit": p1_kv.linear_fit(xs, ys), "escape_thr": 0.95,
+            "memoriser_accuracy": 0.9 ** 4, "escape_fit": sweep_results.linear_fit(xs, ys), "escape_thr": 0.95,
             "curves": curves, "steps": 3000,
             "median_tau": {o: {"init": [14.0 / math.exp(float(o))] * 3} for o in escape}}
 
@@ -230,7 +231,7 @@ def lengen(means_at_128: dict, seeds=2):
         acc[o] = {}
         for n, frac in (("32", 1.0), ("64", 0.8), ("128", None)):
             m = top if frac is None else min(1.0, 0.9 * frac + 0.1 * top)
-            acc[o][n] = p1_kv.t_interval([m - 0.02, m + 0.02][:seeds])
+            acc[o][n] = sweep_results.t_interval([m - 0.02, m + 0.02][:seeds])
     return {"kv": {"n_max": 32, "m": 4, "eps": 0.1}, "lengen_accuracy": acc, "memoriser_accuracy": 0.9 ** 4}
 
 
@@ -263,7 +264,7 @@ def test_report_writes_step_counts_in_whole_steps(tmp_path):
     escape = {"-6": [5600, 14400], "-2": [8000, None], "0": [None, None], "2": [None, None]}
     _, text = report.build(runs(escape=escape), "cpu", {}, {}, tmp_path / "figures", tmp_path)
     assert "| 5600, 14400 | 10000 |" in text and "| 8000, never | never |" in text
-    intercept = p1_kv.linear_fit([math.exp(-6), math.exp(-6), math.exp(-2)], [5600, 14400, 8000])["intercept"]
+    intercept = sweep_results.linear_fit([math.exp(-6), math.exp(-6), math.exp(-2)], [5600, 14400, 8000])["intercept"]
     assert f"intercept {intercept:.0f}, R²" in text
 
 

@@ -1,11 +1,11 @@
-"""Flags of the P1 Horn-clause program (`--program=p1_horn`, SPEC §4) and their translation to HornRunCfg.
+"""Flags of the P1 Horn-clause program (`--program=p1_horn`, protocol §4) and their translation to HornRunCfg.
 
 Task flags are `--horn_*`. Shared flags (ssmgate.cli.training_flags): `--gate_offset` (the grid of
 gate offsets delta, Mamba-2 A_log += delta; a Transformer takes 0 only), `--eval_n` (examples of the
 fixed evaluation set, here the first-turn set on the training distribution) and `--lengen_eval_n`
 (examples per length-generalisation set). `--escape_thr` / `--stop_thr` act on the first-turn accuracy
 and are off unless given (the paper trains every run for the full budget). The model comes from `--preset`
-(p1_horn_mamba2, p1_horn_llama) and the model flags, the optimizer from `--opt_*` (SPEC 4.6: Muon,
+(p1_horn_mamba2, p1_horn_llama) and the model flags, the optimizer from `--opt_*` (protocol §4.6: Muon,
 `--opt_name=muon`, `--opt_muon_adam_lr`), the loop from `--steps`, `--eval_every`, ... (the shared groups).
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ flags.DEFINE_integer("horn_props_per_set", 128, "Horn task: propositions in each
 flags.DEFINE_integer("horn_K", 128, "Horn task: clauses between adjacent sets (per layer).")
 flags.DEFINE_integer("horn_graph_seed", 0, "Horn task: seed of the rule graph and its static names (one per run).")
 flags.DEFINE_integer("horn_k_min", 1, "Horn task: smallest training pool size.")
-flags.DEFINE_integer("horn_k_max", None, "Horn task: largest training pool size (default: the regime's SPEC value, "
+flags.DEFINE_integer("horn_k_max", None, "Horn task: largest training pool size (default: the regime's protocol value, §4.4, "
                      "32 retrieval, 8 lengen).")
 flags.DEFINE_float("horn_q_fresh", 0.1, "Horn task: retrieval pools rename their first ceil(q k) clauses.")
 flags.DEFINE_float("horn_beta", float("inf"), "Horn task: PL inverse temperature of the lengen pools (inf allowed).")
@@ -37,10 +37,10 @@ flags.DEFINE_integer("horn_probe_k", None, "Retrieval regime: pool size of the n
                      "probes (default min(32, --horn_k_max)).")
 flags.DEFINE_integer("horn_probe_n", None, "Retrieval regime: examples per probe set (default --eval_n).")
 flags.DEFINE_string("horn_lengen_ks", "", "Lengen regime: pool sizes evaluated after training (e.g. "
-                    "'1,2,4,8,16,32,64,128'); empty = SPEC 4.5's 1, 2, 4, ..., 128 up to --horn_K.")
+                    "'1,2,4,8,16,32,64,128'); empty = protocol §4.5's 1, 2, 4, ..., 128 up to --horn_K.")
 flags.DEFINE_float("horn_early_frac", 0.1, "The 'early' probe values are the first evaluation at or after this "
                    "fraction of training.")
-flags.DEFINE_integer("horn_gate_prompts", 64, "Prompts of the token-averaged gate statistics (SPEC 2.5).")
+flags.DEFINE_integer("horn_gate_prompts", 64, "Prompts of the token-averaged gate statistics (protocol §2.5).")
 
 FLAGS = flags.FLAGS
 PROGRAM = "p1_horn"

@@ -1,4 +1,4 @@
-"""Program `p1_horn`: P1's Horn-clause rule retrieval (Fig 3b-d, Table 1; SPEC §4, §2.5, check C14 of §9).
+"""Program `p1_horn`: P1's Horn-clause rule retrieval (Fig 3b-d, Table 1; protocol §4, §2.5, check C14 of §9).
 
 One run trains a language model on the Horn-clause task of `ssmgate.tasks.horn` in one regime for
 every gate offset delta (Mamba-2: A_log += delta at initialisation; a Transformer takes delta = 0
@@ -6,11 +6,11 @@ only) and every seed, at one peak learning rate, as ONE vmapped sweep. Training 
 k ~ U{k_min..k_max} per example through length buckets (`HornCfg.k_buckets`; the bucket of step k
 comes from (--seed, k) as in `horn.batch_for_step`, so every replica shares the padded shape of
 step k). The loss is the masked LM loss on the 4 name digits + <EOS> of every row (turn-1 and
-turn-2 rows are separate examples, SPEC §4.1).
+turn-2 rows are separate examples, protocol §4.1).
 
 Evaluation, every `eval_every` steps, on fixed sets drawn from their own seeds (never a training key),
 pooled exactly over chunks (first-turn rows only; `horn_ranking.RULES` scores each kind):
-  first_turn          k ~ U{k_min..k_max} of the training regime, rule class1 (SPEC 4.5 accuracy);
+  first_turn          k ~ U{k_min..k_max} of the training regime, rule class1 (protocol §4.5 accuracy);
   no_oracle           (retrieval regime) pool of exactly probe_k clauses, no class-1 clause, static
                       names, rule static_class1 (the memorisation probe, Fig 3b);
   random_oracle_name  (retrieval regime) probe_k clauses, the oracle renamed inside the fresh-name
@@ -19,7 +19,7 @@ probe_k = min(PROBE_K = 32, k_max) unless given. `early` is the first evaluation
 early_frac x steps (the last one if there is none), `final` the last.
 After training, the lengen regime evaluates every replica at each pool size of `lengen_ks` (PL pools,
 reverse rank order, fresh names; first-turn accuracy, rule class1; fixed sets from own seeds): Fig 3d.
-Gate statistics (Mamba-2, SPEC 2.5 / Table 1) per replica from the initial and final parameters:
+Gate statistics (Mamba-2, protocol §2.5 / Table 1) per replica from the initial and final parameters:
 median over all heads of tau = 1/(softplus(dt_bias) e^{A_log}) and the median |delta alpha|
 (sweep_results.gate_stats), and the token-averaged variant with dt_t averaged over the valid tokens of
 `gate_prompts` fixed first-turn prompts instead of softplus(dt_bias).
@@ -45,7 +45,7 @@ summary.json:
       and "table1" / "table1_token" {offset: {median_tau_before, median_tau_after, median_abs_dalpha}}
       (medians over seeds),
   "graph" {max_out_degree, eligible_paths}, "eval_examples", "wall_s".
-CSV files (SPEC §0.1): horn_curve.csv (init, seed, step, acc_no_oracle, acc_rand_name, acc_first_turn;
+CSV files (protocol §0.1): horn_curve.csv (init, seed, step, acc_no_oracle, acc_rand_name, acc_first_turn;
 probe cells empty in the lengen regime), horn_len.csv (init, k, acc, ci95_lo, ci95_hi, n_seeds; acc is
 the mean over seeds; lengen regime), gate_drift.csv (init, seed, median_tau_before, median_tau_after,
 median_abs_dalpha and the three token-averaged columns; Mamba-2). init is the offset key ('-6', '3').
@@ -68,7 +68,8 @@ from ssmgate.models.config import ModelCfg
 from ssmgate.train import lm_runs
 from ssmgate.config_error import ConfigError
 from ssmgate.train.experiment import make_mesh, run_experiment
-from ssmgate.train.sweep_results import gate_stats, offset_key, t_interval
+from ssmgate.train import sweep_results
+from ssmgate.train.sweep_results import gate_stats, offset_key
 from ssmgate.tasks import horn
 from ssmgate.tasks import horn_ranking as hr
 from ssmgate.tasks import length_buckets as lb
@@ -159,17 +160,8 @@ class HornRunCfg:
             raise ConfigError(horn_flag_message(str(e))) from None
         if self.model.vocab_size < horn.VOCAB_SIZE:
             raise ConfigError(f"--vocab_size={self.model.vocab_size}: expected >= {horn.VOCAB_SIZE} "
-                              "(the Horn task's character tokens, SPEC §4.2)")
-        offsets = ",".join(f"{o:g}" for o in self.offsets)
-        if not self.offsets:
-            raise ConfigError("--gate_offset: expected at least one gate offset")
-        if len(set(self.offsets)) != len(self.offsets):
-            raise ConfigError(f"--gate_offset={offsets}: expected distinct offsets")
-        if not all(math.isfinite(o) for o in self.offsets):
-            raise ConfigError(f"--gate_offset={offsets}: expected finite offsets")
-        if self.model.block != "mamba2" and any(o != 0.0 for o in self.offsets):
-            raise ConfigError(f"--gate_offset={offsets}: gate offsets act on Mamba-2's A_log; --block={self.model.block} "
-                              "has none (expected --gate_offset=0)")
+                              "(the Horn task's character tokens, protocol §4.2)")
+        sweep_results.check_offsets(self.offsets, self.model.block)
         for name, value in (("seeds", self.seeds), ("eval_n", self.eval_n), ("horn_gate_prompts", self.gate_prompts)):
             if value < 1:
                 raise ConfigError(f"--{name}={value}: expected >= 1")
@@ -191,7 +183,7 @@ class HornRunCfg:
         if regime == "retrieval":
             if self.lengen_ks:
                 raise ConfigError(f"--horn_lengen_ks={','.join(map(str, self.lengen_ks))}: length generalisation "
-                                  "is evaluated for --horn_regime=lengen only (SPEC 4.5, Fig 3d); expected it empty")
+                                  "is evaluated for --horn_regime=lengen only (protocol §4.5, Fig 3d); expected it empty")
             limit = graph.K - graph.max_out_degree
             if not 1 <= self.probe_pool <= limit:
                 raise ConfigError(f"--horn_probe_k={self.probe_pool}: expected 1..{limit} (the no-oracle probe draws "
@@ -201,7 +193,7 @@ class HornRunCfg:
             for name, value in (("horn_probe_k", self.probe_k), ("horn_probe_n", self.probe_n)):
                 if value is not None:
                     raise ConfigError(f"--{name}={value}: the no-oracle / random-oracle-name probes belong to "
-                                      "--horn_regime=retrieval (SPEC 4.5, Fig 3b/c); expected it unset")
+                                      "--horn_regime=retrieval (protocol §4.5, Fig 3b/c); expected it unset")
         for k in self.lengen_ks:
             if not 1 <= k <= self.horn.K:
                 raise ConfigError(f"--horn_lengen_ks: {k}: expected pool sizes in 1..--horn_K={self.horn.K} "
@@ -346,7 +338,7 @@ def sum_dt_fn(model, model_cfg: ModelCfg):
 
 
 def token_gate_stats(run_built, model_cfg: ModelCfg, replicas, final_params, prompts) -> dict:
-    """SPEC 2.5's token-averaged variant: per head rate = mean_t(dt_t) e^{A_log} over the prompts' valid
+    """protocol §2.5's token-averaged variant: per head rate = mean_t(dt_t) e^{A_log} over the prompts' valid
     tokens, tau = 1 / rate, alpha = exp(-rate); the median tau over heads at init and after training and
     the median |delta alpha|, per offset and seed (Mamba-2 only)."""
     if model_cfg.block != "mamba2":
@@ -495,25 +487,13 @@ def _write_csvs(rd: RunDir, summary: dict, replicas, steps, curve) -> None:
 
 
 def length_generalisation(cfg: HornRunCfg, graph, evaluate, params, replicas) -> dict:
-    """Every replica at each pool size of lengen_ks on a fresh fixed set (seed LENGEN_SEED + k; PL pools,
-    first turn, rule class1), one replica at a time: {"lengen_accuracy", "lengen_examples", "lengen_detail"}."""
-    one = jax.jit(lambda p, d: evaluate(p, d, "class1"))
+    """Fig 3d / Table 1: every replica at each pool size of lengen_ks on a fresh fixed set (seed
+    LENGEN_SEED + k; PL pools, first turn, rule class1)."""
     examples = cfg.lengen_eval_n or cfg.eval_n
-    acc, count, detail = {}, {}, {}
-    for k in cfg.lengen_ks:
-        data = fixed_set(cfg, graph, LENGEN_SEED + k, "lengen", k, k, examples)
-        count[str(k)] = int(data.inputs.shape[0] * data.inputs.shape[1])
-        per_replica = []
-        for r in range(len(replicas)):
-            m = jax.device_get(one(jax.tree.map(lambda a: a[r], params), data))
-            per_replica.append({"accuracy": float(m["accuracy"]), "loss": float(m["loss"])})
-        detail[str(k)] = per_replica
-        for o in cfg.offsets:
-            vals = [per_replica[r]["accuracy"] for r, rep in enumerate(replicas) if rep.offset == o]
-            acc.setdefault(offset_key(o), {})[str(k)] = t_interval(vals)
-        say(f"[p1_horn] length generalisation k={k}: " + ", ".join(
-            f"delta {o}: {v[str(k)]['mean']:.3f}" for o, v in acc.items()))
-    return {"lengen_accuracy": acc, "lengen_examples": count, "lengen_detail": detail}
+    return sweep_results.length_generalisation(
+        cfg.lengen_ks, lambda k: fixed_set(cfg, graph, LENGEN_SEED + k, "lengen", k, k, examples),
+        lambda p, d: evaluate(p, d, "class1"), params, replicas, cfg.offsets, "accuracy", "p1_horn",
+        keep=("accuracy", "loss"))
 
 
 def describe(cfg: HornRunCfg) -> str:

@@ -12,7 +12,7 @@ subset, and returns
    markdown)
 with figures 3b (no-oracle accuracy vs step per offset), 3c (random-oracle-name accuracy vs step), 3d
 (first-turn accuracy vs pool size with 95% CI bands, the training limit dashed, the Transformer when its
-run exists) and Table 1 beside the paper's values (SPEC 2.5; each offset against the paper column of the
+run exists) and Table 1 beside the paper's values (protocol §2.5; each offset against the paper column of the
 nearest inferred delta).
 
 Checks (`checks`; thresholds and their sources in check_bars.py; weakest gate = smallest delta,
@@ -33,7 +33,7 @@ from ssmgate.report.format import Checks, cell, report_tail, table
 
 RUNS = ("horn_retrieval", "horn_lengen", "horn_transformer")
 PROBES = {"no_oracle": "no-oracle (memorisation probe)", "random_oracle_name": "random oracle name (retrieval probe)"}
-# SPEC 2.5 Table 1, weakest to strongest: (inferred offset delta [INF], median tau at init, after 200k steps, |delta alpha|)
+# protocol §2.5 Table 1, weakest to strongest: (inferred offset delta [INF], median tau at init, after 200k steps, |delta alpha|)
 PAPER_TABLE1 = ((-7.3, 2.1e4, 1.2e4, 4e-5), (-3.0, 297.0, 315.0, 1e-3), (-0.2, 17.0, 14.0, 0.024),
                 (1.6, 2.8, 3.0, 0.083), (2.3, 1.4, 1.4, 0.067), (2.9, 0.8, 0.7, 0.053), (4.3, 0.2, 0.2, 7e-3))
 
@@ -181,7 +181,7 @@ def plot_lengen(lengen: dict | None, transformer: dict | None, path: Path) -> Pa
 # --- markdown ------------------------------------------------------------------------------------------
 
 def _paper_column(offset: str) -> tuple:
-    """The SPEC 2.5 Table 1 column whose inferred delta is nearest to this offset."""
+    """The protocol §2.5 Table 1 column whose inferred delta is nearest to this offset."""
     return min(PAPER_TABLE1, key=lambda col: abs(col[0] - float(offset)))
 
 
@@ -250,12 +250,12 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
     entry["wall_s"] = walls
     md = [f"## P1 Figure 3 and Table 1: Horn-clause rule retrieval ({scale} scale)", "",
           "A Mamba-2 LM per gate offset δ (A_log += δ at init) and seed, trained as one vmapped sweep on the Horn-clause "
-          "task of SPEC §4 (name of the clause to apply next; first-turn accuracy = the emitted name designates an "
+          "task of protocol §4 (name of the clause to apply next; first-turn accuracy = the emitted name designates an "
           "applicable clause from whose output the goal is reachable).", ""]
     ret, lg, tr = (runs.get(r) for r in RUNS)
     rows = _reference_rows(entry)
     if rows:
-        md += [table(["quantity", "paper (SPEC 4.7, qualitative)", "ours"], rows)]
+        md += [table(["quantity", "paper (protocol §4.7, qualitative)", "ours"], rows)]
     if "no_oracle" in entry:
         plot_probe(ret, "no_oracle", figure_dir / "p1_horn_fig3b.png",
                    "Fig 3b: no-oracle accuracy (memorisation probe)")
@@ -274,7 +274,7 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
         md += ["### Table 1: how far training moves the gates", "",
                "Median over all heads of τ = 1/(softplus(dt_bias)·e^{A_log}) before and after training, and the median "
                "|Δα| (medians over seeds); the token-averaged columns use the mean Δ_t over the valid tokens of "
-               "fixed first-turn prompts instead of softplus(dt_bias) (SPEC 2.5 [REC]). Each offset is set beside the "
+               "fixed first-turn prompts instead of softplus(dt_bias) (protocol §2.5 [REC]). Each offset is set beside the "
                "paper column of the nearest inferred δ.", "", _table1(entry)]
     md += report_tail(entry["checks"], [r for r in RUNS if r not in runs], changes)
     return entry, "\n".join(md) + "\n"

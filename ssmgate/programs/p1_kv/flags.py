@@ -1,10 +1,10 @@
-"""Flags of the P1 KV-retrieval program (`--program=p1_kv`, SPEC §3) and their translation to KVRunCfg.
+"""Flags of the P1 KV-retrieval program (`--program=p1_kv`, protocol §3) and their translation to KVRunCfg.
 
 Task flags are `--kv_*`; `--gate_offset` is the grid of gate offsets delta (Mamba-2: A_log += delta),
 trained with `--seeds` seeds each at the one learning rate `--lr` as a single vmapped sweep. The model
 comes from `--preset` (p1_kv_mamba2, p1_kv_gpt_neox) and the model flags, the optimizer from `--opt_*`,
 the loop from `--steps`, `--eval_every`, ... (ssmgate.cli.training_flags). `--escape_thr` / `--stop_thr`
-default to SPEC's 0.95 / 0.99 when not given.
+default to the protocol's 0.95 / 0.99 when not given.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ flags.DEFINE_string("lengen_ns", "", "best_last: pair counts n of the length-gen
 FLAGS = flags.FLAGS
 PROGRAM = "p1_kv"
 GROUPS_READ = ("run", "seeds", "lr", "gate_offset", "model", "optim", "mesh", "loop", "stop", "eval_sets")
-ESCAPE_THR, STOP_THR = 0.95, 0.99  # SPEC 3.3 / 3.4
+ESCAPE_THR, STOP_THR = 0.95, 0.99  # protocol §3.3 / 3.4
 
 
 def _ints(name: str) -> tuple[int, ...]:

@@ -1,4 +1,4 @@
-"""Program `p1_kv`: P1's multi-token key-value retrieval (Fig 2; SPEC §3, check C12 of §9).
+"""Program `p1_kv`: P1's multi-token key-value retrieval (Fig 2; protocol §3, check C12 of §9).
 
 One run trains a language model on the KV task of `ssmgate.tasks.kv_retrieval` (best-first or
 best-last queries) for every gate offset delta (Mamba-2: A_log += delta at initialisation) and
@@ -11,7 +11,7 @@ Every `eval_every` steps all replicas are evaluated on one fixed set of `eval_n`
 (its own seed, never a training key): pooled sequence accuracy (a query is right iff all m value
 tokens are argmax-correct), and the same over queries whose in-context value was perturbed / clean
 (a memoriser scores 0 / 1 there). A replica escapes at the first evaluation with seq_accuracy >
-escape_thr (SPEC 3.4: 0.95) and is frozen once it reaches stop_thr (SPEC 3.3: 0.99). After training,
+escape_thr (protocol §3.4: 0.95) and is frozen once it reaches stop_thr (protocol §3.3: 0.99). After training,
 best-last runs evaluate every replica at each n of `lengen_ns` (fresh fixed sets, own seeds): Fig 2c.
 
 summary.json:
@@ -30,10 +30,10 @@ summary.json:
       seeds, lo = hi = mean with one seed), "lengen_examples" {n: examples}, "lengen_detail" {n: [every
       eval metric per replica]},
   "median_tau" {offset: {"init": [per seed], "final": [per seed]}} and "median_alpha_change"
-      {offset: [per seed]} (Mamba-2; SPEC 2.5 statistics of the per-head gates),
+      {offset: [per seed]} (Mamba-2; protocol §2.5 statistics of the per-head gates),
   "kv" (the task config), "block", "preset", "params", "eval_examples", "resumed_from", "wall_s".
 Also kv_curve.csv (offset, seed, step, seq_acc) and, for best_last, kv_len.csv (offset, seed,
-n_pairs, seq_acc) as SPEC §0.1 names them.
+n_pairs, seq_acc) as protocol §0.1 names them.
 """
 from __future__ import annotations
 
@@ -56,14 +56,15 @@ from ssmgate.tasks import length_buckets as lb
 from ssmgate.tasks.synthetic_lm import lm_loss, step_key
 from ssmgate.train import loop, mesh as meshlib, sweep
 from ssmgate.train.experiment import make_mesh, run_experiment
-from ssmgate.train.sweep_results import gate_stats, linear_fit, offset_key, t_interval
+from ssmgate.train import sweep_results
+from ssmgate.train.sweep_results import gate_stats, linear_fit, offset_key
 from ssmgate.train.optim import OptimCfg
 from ssmgate.train.run_dir import RunDir, say, to_jsonable
 from ssmgate.train.step import cast_floating
 
 EVAL_SEED = 5_000_011    # the in-distribution evaluation set (n = N); never a training key
 LENGEN_SEED = 6_000_007  # + n: the length-generalisation sets
-METRIC = "seq_accuracy"  # the escape / early-stop metric (SPEC 3.4)
+METRIC = "seq_accuracy"  # the escape / early-stop metric (protocol §3.4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,15 +114,7 @@ class KVRunCfg:
             raise ConfigError(f"--vocab_size={self.model.vocab_size}: expected >= {self.kv.vocab_size} "
                               f"(5 special + --kv_vocab={self.kv.n_content} content tokens; "
                               f"{self.kv.padded_vocab} pads it to a multiple of 8)")
-        if not self.offsets:
-            raise ConfigError("--gate_offset: expected at least one gate offset")
-        if len(set(self.offsets)) != len(self.offsets):
-            raise ConfigError(f"--gate_offset={','.join(f'{o:g}' for o in self.offsets)}: expected distinct offsets")
-        if not all(math.isfinite(o) for o in self.offsets):
-            raise ConfigError(f"--gate_offset={','.join(f'{o:g}' for o in self.offsets)}: expected finite offsets")
-        if self.model.block != "mamba2" and any(o != 0.0 for o in self.offsets):
-            raise ConfigError(f"--gate_offset={','.join(f'{o:g}' for o in self.offsets)}: gate offsets act on "
-                              f"Mamba-2's A_log; --block={self.model.block} has none (expected --gate_offset=0)")
+        sweep_results.check_offsets(self.offsets, self.model.block)
         for name, value in (("seeds", self.seeds), ("eval_n", self.eval_n)):
             if value < 1:
                 raise ConfigError(f"--{name}={value}: expected >= 1")
@@ -138,7 +131,7 @@ class KVRunCfg:
                               "(a replica frozen before it escapes would have no escape step)")
         if self.lengen_ns and self.kv.query != "best_last":
             raise ConfigError(f"--lengen_ns={','.join(map(str, self.lengen_ns))}: length generalisation is "
-                              "evaluated for --kv_query=best_last only (SPEC 3.4, Fig 2c); expected it empty")
+                              "evaluated for --kv_query=best_last only (protocol §3.4, Fig 2c); expected it empty")
         for n in self.lengen_ns:
             if not 1 <= n <= self.kv.dict_size:
                 raise ConfigError(f"--lengen_ns: {n}: expected pair counts in 1..--kv_dict_size={self.kv.dict_size} "
@@ -307,7 +300,7 @@ def run(cfg: KVRunCfg, run_dir: str) -> dict:
 
     final_params = built.params(state)
     if cfg.lengen_ns:
-        summary.update(length_generalisation(cfg, built, evaluate, dictionary, final_params, replicas))
+        summary.update(length_generalisation(cfg, evaluate, dictionary, final_params, replicas))
     summary.update(gate_stats(built, cfg.model, replicas, final_params))
     summary["wall_s"] = time.perf_counter() - t0
     if jax.process_index() == 0:
@@ -324,27 +317,12 @@ def run(cfg: KVRunCfg, run_dir: str) -> dict:
     return to_jsonable(summary)
 
 
-def length_generalisation(cfg: KVRunCfg, built, evaluate, dictionary, params, replicas) -> dict:
-    """Every replica at each n of lengen_ns on a fresh fixed set (seed LENGEN_SEED + n), one replica at a
-    time (the longest sets are the largest arrays of the run): {"lengen_accuracy", "lengen_examples",
-    "lengen_detail"}."""
-    one = jax.jit(evaluate)
+def length_generalisation(cfg: KVRunCfg, evaluate, dictionary, params, replicas) -> dict:
+    """Fig 2c: every replica at each n of lengen_ns on a fresh fixed set (seed LENGEN_SEED + n)."""
     examples = cfg.lengen_eval_n or cfg.eval_n
-    acc, count, detail = {}, {}, {}
-    for n in cfg.lengen_ns:
-        data = fixed_set(cfg, dictionary, LENGEN_SEED + n, n, examples)
-        count[str(n)] = int(data.inputs.shape[0] * data.inputs.shape[1])
-        per_replica = []
-        for r in range(len(replicas)):
-            m = jax.device_get(one(jax.tree.map(lambda a: a[r], params), data))
-            per_replica.append({k: float(v) for k, v in m.items()})
-        detail[str(n)] = per_replica
-        for o in cfg.offsets:
-            vals = [per_replica[r]["seq_accuracy"] for r, rep in enumerate(replicas) if rep.offset == o]
-            acc.setdefault(offset_key(o), {})[str(n)] = t_interval(vals)
-        say(f"[p1_kv] length generalisation n={n}: " + ", ".join(
-            f"delta {o}: {v[str(n)]['mean']:.3f}" for o, v in acc.items()))
-    return {"lengen_accuracy": acc, "lengen_examples": count, "lengen_detail": detail}
+    return sweep_results.length_generalisation(
+        cfg.lengen_ns, lambda n: fixed_set(cfg, dictionary, LENGEN_SEED + n, n, examples), evaluate, params,
+        replicas, cfg.offsets, "seq_accuracy", "p1_kv")
 
 
 def describe(cfg: KVRunCfg) -> str:

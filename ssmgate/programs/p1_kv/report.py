@@ -9,7 +9,7 @@ and returns
    markdown)
 with figures 2a (eval sequence accuracy vs step per offset, the seed with the median escape step),
 2b (escape step vs e^delta, the linear fit and R^2) and 2c (sequence accuracy vs pairs n with 95%
-CI bands, the Transformer beside) next to the paper's reference values (SPEC 3.4).
+CI bands, the Transformer beside) next to the paper's reference values (protocol §3.4).
 
 Checks (`checks`; thresholds and their sources in check_bars.py; every ordering strict, so a tie,
 two offsets that never escape included, fails): the plateau against the memoriser, the escape order
@@ -29,7 +29,7 @@ from ssmgate.report.format import Checks, cell, report_tail, table
 from ssmgate.report.sweeps import ci_text, curves_by_offset, draw_lengen_bands, offset_keys
 
 RUNS = ("kv_best_first", "kv_best_last", "kv_transformer")
-PAPER = {"plateau": 0.43, "r2": 0.816, "offset_plus1_at_2048": 0.35}  # SPEC 3.4
+PAPER = {"plateau": 0.43, "r2": 0.816, "offset_plus1_at_2048": 0.35}  # protocol §3.4
 
 
 def _median_escape(steps) -> float:
@@ -248,8 +248,8 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
     entry["wall_s"] = walls
     md = [f"## P1 Figure 2: multi-token key-value retrieval ({scale} scale)", "",
           "A Mamba-2 LM per gate offset δ (A_log += δ at init) and seed, trained as one vmapped sweep on "
-          "the KV task of SPEC §3.1; sequence accuracy = all m value tokens of a query argmax-correct. "
-          "A run escapes at the first evaluation above the escape threshold (SPEC 3.4).", ""]
+          "the KV task of protocol §3.1; sequence accuracy = all m value tokens of a query argmax-correct. "
+          "A run escapes at the first evaluation above the escape threshold (protocol §3.4).", ""]
     first, last, tr = runs.get("kv_best_first"), runs.get("kv_best_last"), runs.get("kv_transformer")
     rows = _reference_rows(runs, entry)
     if rows:
