@@ -22,7 +22,7 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 
 # The test command of the README (and of .ci/run): the fast suite, one file per worker process
 # (the suite is mostly XLA compilation, single-threaded, which tests/conftest.py makes cheaper: LLVM -O0 and a
-# persistent compilation cache per worker; measured 2026-12-02 on 2 cores from a fresh clone: two workers 8.6 minutes of pytest (1,250 tests; 10.4 and 13.6 earlier that day: this VM varies between runs); three workers were slower, 18.6 against 17, before the last cuts).
+# persistent compilation cache per worker; docs/README.md has its measured time on 2 cores).
 TEST_WORKERS ?= 2
 test: venv
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
@@ -48,10 +48,7 @@ reproduce: venv
 	$(PY) -m ssmgate.reproduce --scale=$(SCALE) --only=$(ONLY) --out_dir=runs/reproduce
 
 # Regenerates experiments of the committed cpu-scale report in docs/reproduction/ (on purpose; the others' sections
-# are kept). ONLY=p1_fig1 takes about 15 minutes, ONLY=p1_kv 54.2 minutes alone on 2026-12-03 (best-first 24.0,
-# best-last 12.1, Transformer 18.1), ONLY=p1_horn 41.9 minutes alone on 2026-12-03 (retrieval 23.4,
-# lengen 14.0, Transformer 4.4);
-# ONLY=p2_state_tracking 53 minutes alone on 2026-12-02 (parity 20.9, mod 3 24.4, arithmetic 7.8). Runs resume from their checkpoints in
+# are kept; docs/reproduction.md has each experiment's measured time). Runs resume from their checkpoints in
 # runs/reproduce-cpu (a complete run keeps its earlier wall time, one resumed partway reports none): remove
 # runs/reproduce-cpu/<experiment> first for a full rerun and a true wall time.
 reproduce-docs: venv
