@@ -1,4 +1,4 @@
-"""Hidden-state diagnostics of SPEC 8.3 (Table 6), streamed over one long sequence.
+"""Hidden-state diagnostics of protocol §8.3 (Table 6), streamed over one long sequence.
 
 In the implementation coordinates of the rotation cores (the state h kept in rotated-B
 coordinates), S_t = P_t + U_t with the history P_t = alpha_t S_{t-1} and the write
@@ -8,7 +8,7 @@ U_t = S_t - alpha_t S_{t-1} (both trapezoid terms). Per layer, head and token:
 
 `book_statistics` runs the model token by token from a zero state (`lax.scan` over decode steps,
 so memory does not grow with the length) and accumulates, per window [lo, hi) of token positions,
-the time-means of c_t and |S_t|^2 per (layer, head). `summarise` then takes SPEC 8.3's order:
+the time-means of c_t and |S_t|^2 per (layer, head). `summarise` then takes protocol §8.3's order:
 cosine = median over (layer, head) of the time-means; RMS = sqrt(median of the time-mean |S|^2);
 `mean_over_books` averages those per-book numbers. Any `Intervention` can be applied (Table 6
 compares native with phase removal).
@@ -27,7 +27,7 @@ from ssmgate.cores.rotation import RotationState
 from ssmgate.interventions.forward import Intervention, intervened_model
 from ssmgate.models.config import DAMPED, ModelCfg
 
-EPS = 1e-12  # SPEC 8.3's guard in the cosine's denominator
+EPS = 1e-12  # protocol §8.3's guard in the cosine's denominator
 
 
 def step_terms(S_prev, S, alpha):

@@ -1,4 +1,4 @@
-"""Parameter edits that return new parameters (SPEC 8, P1 §5): the gate scale s of P1 and any
+"""Parameter edits that return new parameters (protocol §8, P1 §5): the gate scale s of P1 and any
 user edit of one leaf. The input pytree is never modified."""
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Forward-time interventions on a Mamba-3 language model (SPEC 8.1-8.4).
+"""Forward-time interventions on a Mamba-3 language model (protocol §8.1-8.4).
 
     model = intervened_model(cfg, Intervention("phase_removal", layers=(4, 8)))
     logits, _ = model.apply({"params": params}, tokens)     # the same params as the native model
 
-Kinds (SPEC 8.2, 8.4): phase_removal (theta = 0), phase_reversal (theta -> -theta), phase_shuffle
+Kinds (protocol §8.2, 8.4): phase_removal (theta = 0), phase_reversal (theta -> -theta), phase_shuffle
 (per layer, head and token a random permutation of the increments across the rotated pairs, fixed
 by `seed`), decay_permutation (head h decays with A of head (h + 1) mod H, keeping its dt),
 remove_B / remove_C / remove_both (write / read / both with unrotated B~, C~; with `last_k` only on

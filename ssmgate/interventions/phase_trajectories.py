@@ -1,4 +1,4 @@
-"""Phase trajectories of a Mamba-3 model (SPEC 8.5, P2's Fig 4).
+"""Phase trajectories of a Mamba-3 model (protocol §8.5, P2's Fig 4).
 
 For one sequence, every (layer, head, pair) channel has per-token phase increments dt_t theta_t
 (the mixer sows them as `intermediates/phase_increment`) and a cumulative phase

@@ -1,4 +1,4 @@
-"""BFCL "python simple" (P1 §5, SPEC 5.1): 400 questions, each with one function document and the
+"""BFCL "python simple" (P1 §5, protocol §5.1): 400 questions, each with one function document and the
 acceptable arguments of its call, read from the data files of the public `bfcl-eval` package.
 
 `make venv` installs that package without its dependencies (`pip install --no-deps`; its own
@@ -17,7 +17,7 @@ from pathlib import Path
 
 QUESTIONS = "BFCL_v4_simple_python.json"
 ANSWERS = f"possible_answer/{QUESTIONS}"
-EXPECTED_COUNT = 400   # SPEC 5.1: "400 examples in BFCL v3 - verify locally"; v4 has the same 400
+EXPECTED_COUNT = 400   # protocol §5.1: "400 examples in BFCL v3 - verify locally"; v4 has the same 400
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,15 +1,15 @@
-"""P1 Horn-clause rule retrieval (SPEC §4): rule graph, episodes, pools, prompts and metrics.
+"""P1 Horn-clause rule retrieval (protocol §4): rule graph, episodes, pools, prompts and metrics.
 
-Rule graph (SPEC §4.1; numpy, built once from `graph_seed`): 3 sets S1, S2, S3 of `props_per_set`
+Rule graph (protocol §4.1; numpy, built once from `graph_seed`): 3 sets S1, S2, S3 of `props_per_set`
 propositions `r_` + 4 chars of [0-9a-z] (globally unique); between S1-S2 (layer 1) and S2-S3 (layer 2)
 K distinct single-premise clauses A -> B each, every clause with a unique static 4-digit name.
-An episode is a 2-step path P -> B -> Q (SPEC's recipe: c1 uniform among layer-1 clauses whose output
+An episode is a 2-step path P -> B -> Q (the protocol's recipe: c1 uniform among layer-1 clauses whose output
 has an outgoing layer-2 clause, then c2 uniform among B's); turn 1 asks from (P, Q) over layer 1,
 turn 2 from (B, Q) over layer 2; they are separate examples. Classes for a state (current, goal):
 1 applicable and goal reachable from the output, 2 applicable only, 3 reachable only, 4 neither
 (turn 2: reachable means output == goal). An oracle is a class-1 clause.
 
-Pools (SPEC §4.4, §4.5), k clauses of the current layer, by `kind`:
+Pools (protocol §4.4, §4.5), k clauses of the current layer, by `kind`:
 - retrieval: random order, the episode's own path clause (the oracle) injected at a uniform position,
   the other k - 1 uniform without replacement; the first ceil(q k) positions get fresh names.
 - lengen: PL ranking (beta, `horn_ranking`), top k in reverse rank order (best next to the query);
@@ -21,7 +21,7 @@ Pools (SPEC §4.4, §4.5), k clauses of the current layer, by `kind`:
   at a uniform position among the first ceil(q k) (fresh-named) ones.
 Fresh names are distinct, uniform over the 4-digit names that are no clause's static name.
 
-Tokens (character level, SPEC §4.2 REC; VOCAB_SIZE = 45):
+Tokens (character level, protocol §4.2 REC; VOCAB_SIZE = 45):
   0 <PAD>, 1 <START>, 2 <EOS>, 3..12 '0'..'9', 13..38 'a'..'z', 39 '_', 40 '-', 41 '>', 42 ':',
   43 '|', 44 ','.
 Example with k pool clauses (20 k + 19 tokens), right-padded with <PAD> to the bucket's k_hi:
@@ -30,7 +30,7 @@ Model arrays are causal: inputs = seq[:-1], targets = seq[1:], both (b, 20 k_hi 
 on the 5 target tokens (name + <EOS>), targets indices 20 k + 13 .. 20 k + 17. Trailing padding
 never influences a scored position of a causal model.
 
-Metrics (SPEC §4.5) read the greedy name at the 4 digit positions (`emitted_names`, -1 if not all
+Metrics (protocol §4.5) read the greedy name at the 4 digit positions (`emitted_names`, -1 if not all
 digits) and score it by `horn_ranking.RULES[kind]`: class1 (first-turn accuracy: the name resolves,
 through the names shown in this example's context, to a class-1 clause), static_class1 (no-oracle
 probe: the static name of any class-1 clause of the layer) or answer (rand-name probe: the oracle's
@@ -61,8 +61,8 @@ from ssmgate.tasks.synthetic_lm import LMBatch, step_key
 REGIMES = ("retrieval", "lengen")
 KINDS = ("retrieval", "lengen", "no_oracle", "rand_name")
 TURNS = ("both", "first", "second")
-LENGEN_KS = (1, 2, 4, 8, 16, 32, 64, 128)   # SPEC §4.5 REC
-PROBE_K = 32                                # SPEC §4.5 REC
+LENGEN_KS = (1, 2, 4, 8, 16, 32, 64, 128)   # protocol §4.5 REC
+PROBE_K = 32                                # protocol §4.5 REC
 DEFAULT_K_MAX = {"retrieval": 32, "lengen": 8}
 N_NAMES = 10_000                            # 4-digit names 0000..9999
 
@@ -108,7 +108,7 @@ def decode(tokens) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class HornCfg:
-    """SPEC §0.2 `HornCfg` (data side). k_max None = the regime's SPEC value (32 retrieval, 8 lengen;
+    """protocol §0.2 `HornCfg` (data side). k_max None = the regime's protocol value, §4.4 (32 retrieval, 8 lengen;
     `k_upper` resolves it). beta is the PL inverse temperature of the lengen pools (inf allowed; the
     retrieval regime orders at random). turns: which turn each row asks ("both": even rows turn 1, odd
     rows turn 2, independent episodes). n_buckets: contiguous k ranges a training batch is padded within."""
@@ -147,7 +147,7 @@ class HornCfg:
         if self.k_max is not None and (not isinstance(self.k_max, (int, np.integer)) or isinstance(self.k_max, bool)):
             raise ValueError(f"k_max={self.k_max!r}: expected an int or None")
         if self.n_sets != 3:
-            raise ValueError(f"n_sets={self.n_sets}: expected 3 (episodes are 2-step paths S1 -> S2 -> S3, SPEC §4.1)")
+            raise ValueError(f"n_sets={self.n_sets}: expected 3 (episodes are 2-step paths S1 -> S2 -> S3, protocol §4.1)")
         if not 2 <= self.props_per_set <= 36**4 // 3:
             raise ValueError(f"props_per_set={self.props_per_set}: expected 2 .. {36**4 // 3} (unique r_ + 4 chars)")
         if not 1 <= self.K <= min(self.props_per_set**2, N_NAMES // 3):
@@ -342,7 +342,7 @@ def sample(key, cfg: HornCfg, graph: HornGraph, k_lo: int, k_hi: int) -> HornBat
 
 
 def sample_eval(key, cfg: HornCfg, graph: HornGraph, kind: str, k: int, n: int) -> HornBatch:
-    """n first-turn rows with pools of exactly k clauses built as `kind` (KINDS; SPEC §4.5 probes:
+    """n first-turn rows with pools of exactly k clauses built as `kind` (KINDS; protocol §4.5 probes:
     no_oracle and rand_name at k = PROBE_K, lengen at LENGEN_KS). Score with
     `accuracy(.., horn_ranking.RULES[kind])`."""
     cfg.validate()

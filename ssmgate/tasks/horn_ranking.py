@@ -1,8 +1,8 @@
-"""Episodes, relevance classes, ranking and pools of the Horn-clause task (SPEC §4.1, §4.3-4.5);
+"""Episodes, relevance classes, ranking and pools of the Horn-clause task (protocol §4.1, §4.3-4.5);
 `horn.py` has the graph, the token format and the batches. `graph` arguments are `horn.HornGraph`s.
 
 Plackett–Luce (PL) over the K clauses of the current layer, sampled by the Gumbel-top-k trick:
-key_c = beta s_c + G_c with s_c = -class(c) (classes 1..4, SPEC §4.1) and G_c ~ Gumbel(0, 1), sorted
+key_c = beta s_c + G_c with s_c = -class(c) (classes 1..4, protocol §4.1) and G_c ~ Gumbel(0, 1), sorted
 descending. beta = 0 is a uniformly random order; beta = inf puts class 1 first, then 2, 3, 4, each
 class in uniformly random order (computed lexicographically: inf * s + G would be NaN-prone).
 
@@ -29,7 +29,7 @@ class HornStates(NamedTuple):
 
 
 def episode_state(key, graph, layer):
-    """One episode (SPEC §4.1 recipe) seen at turn layer + 1: (current local, goal local, path clause,
+    """One episode (protocol §4.1 recipe) seen at turn layer + 1: (current local, goal local, path clause,
     classes). The episode depends on `key` only, so both turns of one key share it."""
     k1, k2 = jax.random.split(key)
     elig = jnp.asarray(graph.eligible1)
@@ -144,7 +144,7 @@ RULES = {"retrieval": "class1", "lengen": "class1", "no_oracle": "static_class1"
 
 def correct(emitted_b, batch, graph, rule: str = "class1"):
     """(b,) bool. class1: the name resolves, via the example's name map (the names shown in its
-    context), to a class-1 clause (SPEC first-turn accuracy). static_class1: it is the static name of
+    context), to a class-1 clause (protocol first-turn accuracy). static_class1: it is the static name of
     a class-1 clause of the layer (no-oracle probe). answer: it is the target name (rand-name probe)."""
     e = emitted_b[:, None]
     if rule == "class1":

@@ -1,4 +1,4 @@
-"""P1 multi-token key-value retrieval (SPEC §3.1, check C11 of §9).
+"""P1 multi-token key-value retrieval (protocol §3.1, check C11 of §9).
 
 A static dictionary of `dict_size` (key, value) pairs, each key and value m content tokens, is drawn
 once per run from `dict_seed`. An example holds n distinct dictionary pairs (sampled order, without
@@ -8,7 +8,7 @@ context positions (best_first) or the last n_q (best_last), presented in a rando
 is the in-context (perturbed) value, so memorising the dictionary scores (1 - eps)^m = 0.4305 per
 query while copying from the context scores 1.
 
-Token ids (SPEC §3.1 [REC]; vocab_size = 5 + n_content = 69, padded_vocab = 72 for n_content = 64):
+Token ids (protocol §3.1 [REC]; vocab_size = 5 + n_content = 69, padded_vocab = 72 for n_content = 64):
 
 | id                | token                  |
 |-------------------|------------------------|
@@ -25,7 +25,7 @@ L(n, n_q) = 2 + W (n + n_q) tokens (10,154 at n = 512, m = 8). A batch drawn wit
 right-padded to the static L(n_hi, n_q(n_hi)) and framed causally (inputs = seq[:-1], targets = seq[1:]);
 `mask` is 1 exactly on the m predictions of each query block's value tokens (teacher forcing).
 
-Training (SPEC §3.1: n ~ U{1..N}) uses `length_buckets`: bounds = `length_buckets.equal_buckets(1, N,
+Training (protocol §3.1: n ~ U{1..N}) uses `length_buckets`: bounds = `length_buckets.equal_buckets(1, N,
 n_buckets)` cut 1..N into contiguous ranges, `batch_for_step` draws the bucket of step k on the host from
 (seed, k, BUCKET_SALT) with probability = its share of U{1..N}, and `sample` draws n uniformly inside it,
 so every example's n is exactly U{1..N} while padding stays within the bucket. `sample_eval` fixes n
@@ -226,7 +226,7 @@ def sample(key, cfg: KVCfg, dictionary, n_lo: int, n_hi: int) -> KVBatch:
 
 
 def sample_eval(key, cfg: KVCfg, dictionary, n: int) -> KVBatch:
-    """cfg.batch examples with exactly n pairs (SPEC §3.4: n = 512 in distribution, up to 2048 for 2c)."""
+    """cfg.batch examples with exactly n pairs (protocol §3.4: n = 512 in distribution, up to 2048 for 2c)."""
     return sample(key, cfg, dictionary, n, n)
 
 
@@ -257,7 +257,7 @@ def query_correct(pred_bt, batch: KVBatch):
 
 
 def prediction_accuracy(pred_bt, batch: KVBatch) -> dict:
-    """Sequence accuracy (SPEC §3.1) of predicted tokens (b, T): mean over all queries of the batch, and
+    """Sequence accuracy (protocol §3.1) of predicted tokens (b, T): mean over all queries of the batch, and
     over queries with >= 1 perturbed value token / clean ones (nan if none); counts for exact pooling."""
     ok = query_correct(pred_bt, batch)
     valid = batch.query_mask > 0

@@ -1,4 +1,4 @@
-"""The long-context evaluation protocols of SPEC 7.2 (PG-19 windows) and 7.3 (position buckets):
+"""The long-context evaluation protocols of protocol §7.2 (PG-19 windows) and 7.3 (position buckets):
 which windows, which positions are scored. Pure numpy; running a model over them is
 `ssmgate.train.lm_eval`.
 

@@ -1,4 +1,4 @@
-"""The perturbed-label retrieval task of the gating paper (SPEC §2.1 short context, §2.4 long context).
+"""The perturbed-label retrieval task of the gating paper (protocol §2.1 short context, §2.4 long context).
 
 A context is a list of ell tokens (x_t, y~_t): a key x_t in R^d and a label y~_t = +-1. The query is the
 key at one context position; the target is the label attached to it there. Two regimes:
@@ -46,7 +46,7 @@ class IndexedBatch(NamedTuple):
 
 
 def make_fixed_keys(key, d: int, P: int) -> FixedKeys:
-    """Draws the P keys and their labels (iid uniform +-1, SPEC §2.1 [REC])."""
+    """Draws the P keys and their labels (iid uniform +-1, protocol §2.1 [REC])."""
     k_keys, k_labels = jax.random.split(key)
     keys = jax.random.normal(k_keys, (P, d)) / jnp.sqrt(d)
     labels = jnp.where(jax.random.bernoulli(k_labels, 0.5, (P,)), 1.0, -1.0)

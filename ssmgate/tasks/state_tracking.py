@@ -1,6 +1,6 @@
-"""P2 state-tracking tasks (SPEC §6): parity, modular counting (mod 3) and arithmetic mod 5 without brackets.
+"""P2 state-tracking tasks (protocol §6): parity, modular counting (mod 3) and arithmetic mod 5 without brackets.
 
-Token formats (SPEC §6.1; a sequence of length L has its answer at 0-based index L - 1, PAD after):
+Token formats (protocol §6.1; a sequence of length L has its answer at 0-based index L - 1, PAD after):
 
 | task   | vocab | tokens                                          | sequence                               |
 |--------|-------|-------------------------------------------------|----------------------------------------|
@@ -15,15 +15,15 @@ than '+'/'-' (products of x-joined runs, then the signed sum), evaluated by a sc
 Causal LM framing: a batch is `LMBatch(inputs = seq[:, :-1], targets = seq[:, 1:], mask)` with mask 1
 only at index L - 2, the prediction made at the last bit (or at '=') whose label is the answer, so the
 framework's `synthetic_lm.lm_loss` trains on the answer alone. Training batches have static shape
-(batch, max_len - 1) whatever the lengths drawn; lengths follow the curriculum of SPEC §6.2
+(batch, max_len - 1) whatever the lengths drawn; lengths follow the curriculum of protocol §6.2
 (`curriculum_max_len`); `length_bucket` (host-side) narrows a step's batch to one bucket of lengths, padded
 to the bucket's top, without changing any sequence's length distribution. `sample(key, cfg, step)` is
 jittable with `cfg` static and `step` traced; data for step k is `batch_for_step(cfg, seed, k)`, a function
-of (seed, k) only (DESIGN "Training contract").
+of (seed, k) only (docs/extending.md, "The training contract").
 
 Metrics: `answer_accuracy` (argmax at the answer slot) and `scaled_accuracy` = 100 (acc - chance) /
-(1 - chance), never clipped (SPEC §6.2, §10.14). `handset_phase_counter` is the analytic one-pair rotation
-model of check C16 (SPEC §9), built on the real core `ssmgate.cores.rotation`.
+(1 - chance), never clipped (protocol §6.2, §10.14). `handset_phase_counter` is the analytic one-pair rotation
+model of check C16 (protocol §9), built on the real core `ssmgate.cores.rotation`.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from ssmgate.tasks.synthetic_lm import LMBatch, step_key
 
 TASKS = ("parity", "mod3", "arith")
 
-# Token ids (SPEC §6.1).
+# Token ids (protocol §6.1).
 PAD = 0
 BIT0, BIT1 = 1, 2                       # parity / mod 3 inputs
 MOD3_ANSWER0 = 3                        # mod 3 answers 3, 4, 5 = counts 0, 1, 2
@@ -51,12 +51,12 @@ VOCAB = {"parity": 3, "mod3": 6, "arith": 10}
 VOCAB_SIZE = 10  # large enough for every task: one embedding table serves all three
 N_CLASSES = {"parity": 2, "mod3": 3, "arith": 5}
 ANSWER_TOKENS = {"parity": (1, 2), "mod3": (3, 4, 5), "arith": (5, 6, 7, 8, 9)}
-# Uniform chance of the answer (SPEC §10.14): the scaled-accuracy baseline.
+# Uniform chance of the answer (protocol §10.14): the scaled-accuracy baseline.
 CHANCE = {"parity": 1 / 2, "mod3": 1 / 3, "arith": 1 / 5}
 # The curriculum ramps over the first 6,000 of 10,000 steps for parity / mod 3 and over all 10,000
-# for arithmetic (SPEC §6.2).
+# for arithmetic (protocol §6.2).
 PAPER_RAMP_STEPS = {"parity": 6000, "mod3": 6000, "arith": 10000}
-TEST_LEN = 224  # SPEC §6.2 / §10.13
+TEST_LEN = 224  # protocol §6.2 / §10.13
 
 
 def _check_task(task: str, where: str = "task") -> None:
@@ -82,13 +82,13 @@ def valid_length(task: str, length: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class StateTrackDataCfg:
-    """The data side of SPEC §0.2 `StateTrackCfg` (the model side lives with the program).
+    """The data side of protocol §0.2 `StateTrackCfg` (the model side lives with the program).
 
     task: parity | mod3 | arith. batch: sequences per step. max_len: every training sequence is padded
     to this many tokens, so a batch's arrays are (batch, max_len - 1) at every step (static shapes).
-    Curriculum (SPEC §6.2): the length is drawn from U{L_min .. L_max(step)} (odd lengths only for
+    Curriculum (protocol §6.2): the length is drawn from U{L_min .. L_max(step)} (odd lengths only for
     arith), L_max growing linearly from L_max0 to L_max1 over ramp_steps steps, then fixed. hold_steps
-    (0 in the SPEC's protocol) keeps L_max at L_max0 that many steps before the ramp starts: short
+    (0 in the the protocol's protocol) keeps L_max at L_max0 that many steps before the ramp starts: short
     CPU runs use it to give the rotation time to be found on the shortest sequences first.
     """
 
@@ -103,7 +103,7 @@ class StateTrackDataCfg:
 
     @classmethod
     def paper(cls, task: str, **overrides) -> "StateTrackDataCfg":
-        """SPEC §6.2: batch 256, lengths 3 .. 40 -> 160, ramp 6,000 (parity, mod 3) or 10,000 (arith)."""
+        """protocol §6.2: batch 256, lengths 3 .. 40 -> 160, ramp 6,000 (parity, mod 3) or 10,000 (arith)."""
         _check_task(task)
         return cls(**{"task": task, "ramp_steps": PAPER_RAMP_STEPS[task], **overrides}).validate()
 
@@ -140,7 +140,7 @@ class StateTrackDataCfg:
 
 def curriculum_max_len(cfg: StateTrackDataCfg, step):
     """L_max(step) = L_max0 + floor((L_max1 - L_max0) clip(step - hold_steps, 0, ramp_steps) / ramp_steps)
-    (SPEC §6.2 with hold_steps = 0); int32, jittable in `step`. ramp_steps = 0 gives L_max0 during the
+    (protocol §6.2 with hold_steps = 0); int32, jittable in `step`. ramp_steps = 0 gives L_max0 during the
     hold and L_max1 after it."""
     step = jnp.asarray(step, jnp.int32) - cfg.hold_steps
     if cfg.ramp_steps == 0:
@@ -171,7 +171,7 @@ def evaluate_expression(expr_bl, n_tokens_b):
     expr_bl (b, l) int32 holds number tokens (5 + value) at even and operator tokens (1 '+', 2 '-',
     3 'x') at odd indices; row i uses its first n_tokens_b[i] (odd) tokens, the rest is ignored.
     'x' binds tighter than '+'/'-': a scan over (op, num) keeps the running signed sum and the running
-    product of the current x-run, all mod 5 (SPEC §6.1).
+    product of the current x-run, all mod 5 (protocol §6.1).
     """
     nums_bk = expr_bl[:, 0::2].astype(jnp.int32) - NUM0
     k_max = nums_bk.shape[1]
@@ -223,7 +223,7 @@ def _lm_batch(seq_bl, lengths_b) -> LMBatch:
 
 
 def sample(key, cfg: StateTrackDataCfg, step, width: int | None = None, lo: int | None = None) -> LMBatch:
-    """A training batch of step `step` (SPEC §6.2): lengths ~ U{L_min .. L_max(step)}, padded to
+    """A training batch of step `step` (protocol §6.2): lengths ~ U{L_min .. L_max(step)}, padded to
     `width` (default cfg.max_len); arrays (cfg.batch, width - 1). Jittable with cfg, width and lo
     static, step traced. Without `lo`, a narrower width must hold L_max(step): take it from
     `curriculum_width`. With `lo` (a length bucket, from `length_bucket`), the lengths are uniform on
@@ -262,7 +262,7 @@ def length_bucket(cfg: StateTrackDataCfg, step: int, quantum: int, seed: int) ->
     `sample(.., width, lo)` then draws every length of the batch uniformly inside it. Each sequence's
     length is therefore still exactly U{L_min .. L_max(step)}, but a batch is padded to its bucket's
     top instead of to L_max(step): with L_max = 4 quanta, 5/8 of the tokens instead of all of them.
-    A batch's lengths are then alike (one bucket), which the iid batches of SPEC §6.2 are not."""
+    A batch's lengths are then alike (one bucket), which the iid batches of protocol §6.2 are not."""
     if not isinstance(quantum, (int, np.integer)) or quantum < 1:
         raise ValueError(f"quantum={quantum!r}: expected an int >= 1")
     hi = int(curriculum_max_len(cfg, int(step)))
@@ -278,7 +278,7 @@ def batch_for_step(cfg: StateTrackDataCfg, seed: int, step) -> LMBatch:
 
 
 def sample_fixed_length(key, cfg: StateTrackDataCfg, length: int, n: int) -> LMBatch:
-    """n sequences of exactly `length` tokens (validation/test sets, e.g. 224; SPEC §6.2), arrays
+    """n sequences of exactly `length` tokens (validation/test sets, e.g. 224; protocol §6.2), arrays
     (n, length - 1). Only cfg.task is used. Arithmetic needs an odd length: see `valid_length`."""
     _check_task(cfg.task, "cfg.task")
     if not isinstance(length, (int, np.integer)) or length < min_length(cfg.task):
@@ -305,7 +305,7 @@ def answer_accuracy(logits_btv, batch: LMBatch):
 
 
 def scaled_accuracy(acc, task: str):
-    """100 (acc - chance) / (1 - chance) with uniform chance 0.5 / 1/3 / 0.2 (SPEC §6.2, §10.14).
+    """100 (acc - chance) / (1 - chance) with uniform chance 0.5 / 1/3 / 0.2 (protocol §6.2, §10.14).
     Not clipped: below-chance accuracy gives a negative score. Works on floats and arrays."""
     _check_task(task)
     chance = CHANCE[task]
@@ -317,7 +317,7 @@ TRANSITIONS = ("rotation", "constant", "decay")
 
 def handset_phase_counter(inputs_bt, task: str, *, transition: str = "rotation", decay: float = 0.05,
                           algorithm: str = "sequential"):
-    """Check C16 (SPEC §9): the answer token predicted after every input token, (b, t) int32, by a
+    """Check C16 (protocol §9): the answer token predicted after every input token, (b, t) int32, by a
     hand-set one-pair recurrence run with the real core `ssmgate.cores.rotation`.
 
     One head, p = 1, n = 2 (one rotated pair), dt = 1, x = 1. A start position (token PAD, no

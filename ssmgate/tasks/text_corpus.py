@@ -1,4 +1,4 @@
-"""Text corpora for the language-model pipeline (SPEC §7): documents as an iterable of strings.
+"""Text corpora for the language-model pipeline (protocol §7): documents as an iterable of strings.
 
 Sources, all offline at run time:
 
@@ -132,7 +132,7 @@ def pg19_folder(root: str | os.PathLike, split: str) -> Iterator[Book]:
     Layout errors are raised here, before iteration: a missing root, metadata.csv or split folder; a
     book file with no metadata row; and, when all three split folders are present (a full copy), a
     book listed in metadata.csv that is in none of them. A partial copy (say test/ and validation/
-    only, enough for SPEC §7.2) skips that last check, since metadata.csv lists the books of all splits.
+    only, enough for protocol §7.2) skips that last check, since metadata.csv lists the books of all splits.
     Texts are stripped of surrounding whitespace, as the TFDS `pg19` builder does, so both sources
     give the same documents.
     """

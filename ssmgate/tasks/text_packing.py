@@ -1,4 +1,4 @@
-"""Packing a tokenized corpus into fixed-length LM rows (SPEC §7.1, §7.3), reproducible by (seed, step).
+"""Packing a tokenized corpus into fixed-length LM rows (protocol §7.1, §7.3), reproducible by (seed, step).
 
 Documents are tokenized, each followed by EOS, and concatenated into one int32 token stream (cached
 as a .npy file, opened memory-mapped). Row i of a stream is tokens [i L, i L + L + 1) for
@@ -7,7 +7,7 @@ a target exactly once (none is lost at row edges, which held-out perplexity need
 incomplete row is dropped. A row becomes `LMBatch(inputs = row[:-1], targets = row[1:], mask = 1)`;
 rows cross document boundaries, with EOS marking them (no state reset inside a row).
 
-Training order (DESIGN "Data for step k depends only on (seed, k)"): epoch e visits the rows in a
+Training order (the batch of step k depends only on (seed, k): docs/extending.md, "The training contract"): epoch e visits the rows in a
 permutation drawn from (seed, e); the global sample position p = k * batch + j of step k is row
 perm_e[p mod n] with e = p div n, so steps walk through epochs without gaps or repeats, and a
 resumed run sees the same batches. `batch_at` is cheap: no state beyond the stream, and the

@@ -2,13 +2,13 @@
 
 `ByteTokenizer` (the default) needs nothing and has a fixed vocabulary: the 256 UTF-8 byte values,
 then EOS and PAD, so any text round-trips exactly and a run on the embedded corpus is reproducible on
-any machine. SPEC §7.1 trains with the Llama-3.1 tokenizer; `load_tokenizer` opens such a trained
+any machine. protocol §7.1 trains with the Llama-3.1 tokenizer; `load_tokenizer` opens such a trained
 tokenizer from a HF `tokenizer.json` (package `tokenizers`) or a SentencePiece `.model` (package
 `sentencepiece`). Those packages are optional, imported only when a file of theirs is loaded, and not
 dependencies of ssmgate: a missing one raises an ImportError that names the pip package.
 
 Every tokenizer offers `name`, `vocab_size`, `eos_id`, `pad_id` (None if it has none),
-`encode(str) -> int32 array` without any special token (the packer adds EOS itself, SPEC §7.3) and
+`encode(str) -> int32 array` without any special token (the packer adds EOS itself, protocol §7.3) and
 `decode(ids) -> str`, which drops special tokens.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tool pools for BFCL (P1 §5, SPEC 5.1 and 5.4): BM25 retrieval over the shared pool of function
+"""Tool pools for BFCL (P1 §5, protocol §5.1 and 5.4): BM25 retrieval over the shared pool of function
 documents, the main setting's top-k with injection of the correct tool, and the weak retriever.
 
 - The shared pool is every example's function, deduplicated by name (the first document of a name
@@ -9,7 +9,7 @@ documents, the main setting's top-k with injection of the correct tool, and the 
   (library `bm25s`, Lucene's idf). Ties are broken by pool order, so rankings are deterministic.
 - Main setting: the top k tools, best first (the most relevant first, farthest from the query). If
   the correct tool is not among them, the k-th is dropped and the correct one inserted at a
-  uniform position among the k (SPEC 5.1 [REC]); the pool keeps size k.
+  uniform position among the k (protocol §5.1 [REC]); the pool keeps size k.
 - Weak retriever: a Plackett–Luce ranking of all tools with scores beta * BM25, drawn by the
   Gumbel-top-k trick; the pool is its top k in that order, with no injection. beta -> 0 is a
   uniformly random pool, large beta the BM25 order.
@@ -81,7 +81,7 @@ def _check_k(k: int, n: int) -> None:
 
 
 def main_pool(index: ToolIndex, query: str, correct: str, k: int, rng: np.random.Generator) -> list[str]:
-    """SPEC 5.1: the top k tools best first, the correct one injected at a uniform position (in
+    """protocol §5.1: the top k tools best first, the correct one injected at a uniform position (in
     place of the k-th) when BM25 missed it."""
     _check_k(k, len(index))
     target = index.check(correct)
@@ -101,7 +101,7 @@ def gumbel_top_k(scores: np.ndarray, k: int, beta: float, rng: np.random.Generat
 
 
 def weak_pool(index: ToolIndex, query: str, k: int, beta: float, rng: np.random.Generator) -> list[str]:
-    """SPEC 5.4: the top k of a PL ranking of all tools with scores beta * BM25; no injection."""
+    """protocol §5.4: the top k of a PL ranking of all tools with scores beta * BM25; no injection."""
     _check_k(k, len(index))
     return [index.names[i] for i in gumbel_top_k(index.scores(query), k, beta, rng)]
 

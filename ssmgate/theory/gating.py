@@ -1,12 +1,12 @@
 """Closed forms, flows and Bayes limits of the gating paper's toy-model theory, in float64 numpy/scipy.
 
-This module holds every formula of SPEC §2.3 (short context: exactly orthonormal keys, label noise
+This module holds every formula of protocol §2.3 (short context: exactly orthonormal keys, label noise
 eps, the noise-averaged gradient flow of the margins u, v and the retention alpha, Prop. 1, Lemma 2,
 the plateau flow, the reduced dynamics of Prop. 4 and the 3-D escape time; P1 §2 and App. B.1-B.4)
-and SPEC §2.4 (long context: retentions alpha_j = exp(-j / tau), S2 of Lemma 7, the label-coordinate
+and protocol §2.4 (long context: retentions alpha_j = exp(-j / tau), S2 of Lemma 7, the label-coordinate
 Bayes error of Lemma 6, the no-decay limit of Prop. 8 and the exact finite-ell locality contour of
 Prop. 9; App. B.5-B.6). Everything is a pure function of its arguments; no JAX, no state, no I/O.
-Conventions as SPEC §0: natural logs, sigma = logistic sigmoid (evaluated with
+Conventions as protocol §0: natural logs, sigma = logistic sigmoid (evaluated with
 `scipy.special.expit`), Phi = standard normal CDF, eps in (0, 1/2), kappa = log((1 - eps) / eps).
 Bad arguments raise ValueError naming the argument, the allowed range and the value given.
 """
@@ -20,17 +20,17 @@ from scipy import integrate, optimize, special
 from ssmgate.theory._args import _array, _check, _out
 
 __all__ = [
-    # short context (SPEC §2.3)
+    # short context (protocol §2.3)
     "kappa", "initial_rate_ratio", "initial_rates", "alpha_star", "equal_rate_alpha", "plateau_u",
     "phi", "psi", "flow_rhs", "flow_solution", "flow_margins", "flow_crossing_alpha0",
     "flow_escape_time", "reduced_escape_v", "reduced_escape_time", "theta_law",
     "lambda0_from_alpha0", "alpha_from_lambda",
-    # long context (SPEC §2.4)
+    # long context (protocol §2.4)
     "retention", "s2", "bayes_error", "bayes_accuracy", "no_decay_accuracy", "delta_max",
     "tau_log_d_over_tau",
 ]
 
-# Solver settings of SPEC §2.7 for the 3-D flow (state (u, v, log alpha), see `_rhs_log`).
+# Solver settings of protocol §2.7 for the 3-D flow (state (u, v, log alpha), see `_rhs_log`).
 _RTOL = 1e-8
 _ATOL = 1e-12
 _T_IGNORE = 1e-3  # both margins start at 0: escape is looked for only after this flow time
@@ -76,7 +76,7 @@ def _Delta(Delta, ell):
 
 
 # --------------------------------------------------------------------------------------------------
-# Short context (SPEC §2.3; P1 §2.1, App. B.1-B.4)
+# Short context (protocol §2.3; P1 §2.1, App. B.1-B.4)
 # --------------------------------------------------------------------------------------------------
 
 def kappa(eps):
@@ -177,7 +177,7 @@ def _flow_terms(u, v, a, P, eps):
 
 
 def flow_rhs(t, y, P, eps):
-    """Right-hand side of the noise-averaged 3-D gradient flow, y = (u, v, alpha) (SPEC §2.3, B.1):
+    """Right-hand side of the noise-averaged 3-D gradient flow, y = (u, v, alpha) (protocol §2.3, B.1):
 
         u'     = (1/P)(1 + alpha)[(1 - eps) sigma(-(dm + dr)) - eps sigma(dm - dr)]
         v'     = alpha [(1 - eps) sigma(-(dm + dr)) + eps sigma(dm - dr)]
@@ -223,7 +223,7 @@ def _integrate(alpha0, P, eps, t0, t1, y0, **kw):
 
 
 def flow_solution(alpha0, P, eps, t_end):
-    """(u, v, alpha) at flow time t_end of `flow_rhs` from u = v = 0, alpha = alpha0 (SPEC §2.3, §2.7).
+    """(u, v, alpha) at flow time t_end of `flow_rhs` from u = v = 0, alpha = alpha0 (protocol §2.3, §2.7).
 
     LSODA, rtol 1e-8, atol 1e-12, integrated in (u, v, log alpha). Flow time t ~ lr x SGD steps.
     """
@@ -236,13 +236,13 @@ def flow_solution(alpha0, P, eps, t_end):
 
 
 def flow_margins(alpha0, P, eps, t):
-    """(delta_m, delta_r) = ((1 + alpha) u, alpha v) at flow time t of the 3-D flow (SPEC §2.3)."""
+    """(delta_m, delta_r) = ((1 + alpha) u, alpha v) at flow time t of the 3-D flow (protocol §2.3)."""
     u, v, a = flow_solution(alpha0, P, eps, t)
     return (1.0 + a) * u, a * v
 
 
 def flow_crossing_alpha0(P, eps, t, bracket=(1e-3, 0.9)):
-    """The alpha0 at which delta_r(t) = delta_m(t) in the 3-D flow (brentq over alpha0; SPEC §2.6, §10.7).
+    """The alpha0 at which delta_r(t) = delta_m(t) in the 3-D flow (brentq over alpha0; protocol §2.6, §10.7).
 
     P = 32, eps = 0.1, t = 2.5 (25 SGD steps at lr 0.1) gives 0.177, between alpha* = 0.158 and the
     initial-rate point 0.1878. Raises ValueError if delta_r - delta_m has the same sign at both ends
@@ -268,14 +268,14 @@ def flow_crossing_alpha0(P, eps, t, bracket=(1e-3, 0.9)):
 
 
 def flow_escape_time(alpha0, P, eps, t_max=1e7):
-    """First flow time t > 1e-3 at which delta_r - delta_m crosses 0 upward in the 3-D flow (Fig. 1b, SPEC §2.3).
+    """First flow time t > 1e-3 at which delta_r - delta_m crosses 0 upward in the 3-D flow (Fig. 1b, protocol §2.3).
 
-    Both margins are 0 at t = 0; the first 1e-3 of flow time is skipped (SPEC §2.7). Returns 0.0 if
+    Both margins are 0 at t = 0; the first 1e-3 of flow time is skipped (protocol §2.7). Returns 0.0 if
     delta_r > delta_m already at t = 1e-3 (alpha0 above the equal-rate point 0.1878 for P = 32,
     eps = 0.1) and math.inf if there is no crossing before t_max. LSODA (rtol 1e-8) in
     (u, v, log alpha) with a terminal solve_ivp event (direction +1). The gap delta_r - delta_m
     crosses once (from below) and stays positive afterwards, so a sign check at the solver's steps
-    cannot miss it; the SPEC values (P = 32, eps = 0.1: alpha0 = 1e-1 -> 10.6, ..., 1e-5 -> 5.91e4)
+    cannot miss it; the protocol values (P = 32, eps = 0.1: alpha0 = 1e-1 -> 10.6, ..., 1e-5 -> 5.91e4)
     are reproduced to < 0.1%.
     """
     a0, p, e = float(_alpha(alpha0, "alpha0")), float(_P(P)), float(_eps(eps))
@@ -343,25 +343,25 @@ def theta_law(alpha0):
 
 
 def lambda0_from_alpha0(alpha0, Delta):
-    """lambda0 = log(log(1/alpha0) / Delta): the log-rate whose retention at distance Delta is alpha0 (SPEC §2.2)."""
+    """lambda0 = log(log(1/alpha0) / Delta): the log-rate whose retention at distance Delta is alpha0 (protocol §2.2)."""
     a0 = _alpha(alpha0, "alpha0")
     D = _check("Delta", Delta, lambda x: (x > 0) & np.isfinite(x), "> 0 (and finite)")
     return _out(np.log(-np.log(a0) / D))
 
 
 def alpha_from_lambda(lam, Delta):
-    """alpha_Delta = exp(-Delta e^lambda), the retention at distance Delta for log-rate lambda (SPEC §2.2)."""
+    """alpha_Delta = exp(-Delta e^lambda), the retention at distance Delta for log-rate lambda (protocol §2.2)."""
     lm = _check("lam", lam, np.isfinite, "finite")
     D = _check("Delta", Delta, lambda x: (x > 0) & np.isfinite(x), "> 0 (and finite)")
     return _out(np.exp(-D * np.exp(lm)))
 
 
 # --------------------------------------------------------------------------------------------------
-# Long context (SPEC §2.4; P1 §2.2, App. B.5-B.6)
+# Long context (protocol §2.4; P1 §2.2, App. B.5-B.6)
 # --------------------------------------------------------------------------------------------------
 
 def retention(j, tau):
-    """alpha_j = exp(-j / tau), retention at distance j for tau = e^{-lambda} (SPEC §2.4). Vectorised."""
+    """alpha_j = exp(-j / tau), retention at distance j for tau = e^{-lambda} (protocol §2.4). Vectorised."""
     jj = _check("j", j, lambda x: (x >= 0) & np.isfinite(x), ">= 0 (and finite)")
     return _out(np.exp(-jj / _tau(tau)))
 
@@ -438,7 +438,7 @@ def bayes_accuracy(tau, Delta, d, ell, average=False, xq_norm=1.0):
 
 
 def no_decay_accuracy(d, ell, average=False):
-    """No-decay limit (tau -> inf) of the Bayes accuracy: Phi(||x_q|| sqrt(d / (ell - 1))) (Prop. 8, appendix form; SPEC §10.1).
+    """No-decay limit (tau -> inf) of the Bayes accuracy: Phi(||x_q|| sqrt(d / (ell - 1))) (Prop. 8, appendix form; protocol §10.1).
 
     ||x_q|| = 1, or with average=True the chi^2_d average (Student-t CDF, see `bayes_accuracy`).
     d = 128, ell = 1024: 0.6382 and 0.6379. Requires ell >= 2.
@@ -449,7 +449,7 @@ def no_decay_accuracy(d, ell, average=False):
 
 
 def delta_max(tau, d, ell, accuracy, average=False):
-    """Exact finite-ell locality contour (Prop. 9, SPEC §2.4): the largest integer Delta in [1, ell] with
+    """Exact finite-ell locality contour (Prop. 9, protocol §2.4): the largest integer Delta in [1, ell] with
     bayes_accuracy(tau, Delta, d, ell, average) >= accuracy, or 0 if no Delta qualifies.
 
     For finite tau the Bayes accuracy is strictly decreasing in Delta (alpha_Delta^2 falls while

@@ -1,6 +1,6 @@
 """The oscillator view of frozen linear-recurrence transitions, in float64 numpy/scipy.
 
-Formulas of SPEC §1.5-1.8 (P2 §2.2, §4.2, App. A, App. C.1-C.3):
+Formulas of protocol §1.5-1.8 (P2 §2.2, §4.2, App. A, App. C.1-C.3):
 
 * second-order form of one 2x2 block: generator A(kappa) = [[0, 1], [-(a^2 - kappa), -2a]] with
   eigenvalues -a +- sqrt(kappa), its regimes (under: kappa < 0, critical: kappa = 0, over:
@@ -27,16 +27,16 @@ from scipy import linalg
 from ssmgate.theory._args import _array, _check, _out
 
 __all__ = [
-    # second-order view of one block (SPEC §1.5, §1.7 Rates)
+    # second-order view of one block (protocol §1.5, §1.7 Rates)
     "REGIMES", "natural_frequency", "damping_ratio", "kappa_from_natural_frequency", "core_kappa",
     "regime", "rates_from_complex_pair", "rate_from_real_eigenvalue", "continuous_generator",
     "discrete_transition", "rotation_generator", "companion_from_rotation",
-    # modal persistence (SPEC §1.6)
+    # modal persistence (protocol §1.6)
     "propagate", "angle_between", "critical_limit", "critical_scaled_propagator", "overdamped_rates",
     "slow_eigenvector", "overdamped_direction_cosine", "underdamped_angles", "asymptotic_decay_rate",
-    # steady-state gain (SPEC §1.8)
+    # steady-state gain (protocol §1.8)
     "steady_state_gain", "transient_gain", "simulated_gain",
-    # frozen-transition spectra (SPEC §1.7, Table 8)
+    # frozen-transition spectra (protocol §1.7, Table 8)
     "MODELS", "linear_attention_transition", "deltanet_transition", "gated_deltanet_transition",
     "kda_transition", "kda_symmetrized", "complex_kda_block", "momentum_deltanet_block",
     "complex_kda_is_complex", "momentum_deltanet_is_complex", "complex_kda_boundary_cos",
@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 REGIMES = ("under", "critical", "over")
-_SERIES_LIMIT = 1e-6  # |kappa| dt^2 below this: c and s from their series (SPEC §1.5)
+_SERIES_LIMIT = 1e-6  # |kappa| dt^2 below this: c and s from their series (protocol §1.5)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -99,11 +99,11 @@ def _matrix2(*rows):
 
 
 # --------------------------------------------------------------------------------------------------
-# Second-order view of one block (SPEC §1.5, §1.7 "Rates")
+# Second-order view of one block (protocol §1.5, §1.7 "Rates")
 # --------------------------------------------------------------------------------------------------
 
 def natural_frequency(a, nu):
-    """omega0 = sqrt(a^2 + nu^2): the undamped frequency of the complex pair -a +- i nu (SPEC §1.7).
+    """omega0 = sqrt(a^2 + nu^2): the undamped frequency of the complex pair -a +- i nu (protocol §1.7).
 
     In second-order form H'' + 2a H' + omega0^2 H = 0, omega0^2 = a^2 - kappa with kappa = -nu^2.
     """
@@ -111,7 +111,7 @@ def natural_frequency(a, nu):
 
 
 def damping_ratio(a, nu):
-    """zeta = a / sqrt(a^2 + nu^2) of the complex pair -a +- i nu (SPEC §1.7 "Rates").
+    """zeta = a / sqrt(a^2 + nu^2) of the complex pair -a +- i nu (protocol §1.7 "Rates").
 
     In (0, 1) for a > 0, nu != 0 (underdamped); 1 at nu = 0. Scale-free: the same for (a, nu) and
     (a dt, nu dt), so it can be read from a discrete pair rho e^{+-i phi} as (-log rho, phi).
@@ -121,12 +121,12 @@ def damping_ratio(a, nu):
 
 
 def kappa_from_natural_frequency(omega0, a):
-    """kappa = a^2 - omega0^2: the regime parameter at damping rate a and natural frequency omega0 (SPEC §1.6)."""
+    """kappa = a^2 - omega0^2: the regime parameter at damping rate a and natural frequency omega0 (protocol §1.6)."""
     return _out(_finite("a", a) ** 2 - _positive("omega0", omega0) ** 2)
 
 
 def core_kappa(regime_name, a, nu, overdamped_c=0.9):
-    """kappa of the damped core's regimes (SPEC §1.5): under -nu^2, critical 0, over (c a tanh nu)^2.
+    """kappa of the damped core's regimes (protocol §1.5): under -nu^2, critical 0, over (c a tanh nu)^2.
 
     Mirrors how `ssmgate.cores.damped` maps its (a, nu) arguments to a generator.
     """
@@ -142,7 +142,7 @@ def core_kappa(regime_name, a, nu, overdamped_c=0.9):
 
 
 def regime(kappa, a, tol=1e-12):
-    """Classifies a damped block (SPEC §1.5): 'under' (kappa < -tol), 'critical' (|kappa| <= tol),
+    """Classifies a damped block (protocol §1.5): 'under' (kappa < -tol), 'critical' (|kappa| <= tol),
     'over' (tol < kappa < a^2).
 
     kappa >= a^2 is rejected: the slow root -a + sqrt(kappa) would not decay. Returns a str for
@@ -156,20 +156,20 @@ def regime(kappa, a, tol=1e-12):
 
 
 def rates_from_complex_pair(rho, phi, dt):
-    """(a, nu) = (-log rho / dt, phi / dt) of a discrete pair rho e^{+-i phi} with step dt (SPEC §1.7)."""
+    """(a, nu) = (-log rho / dt, phi / dt) of a discrete pair rho e^{+-i phi} with step dt (protocol §1.7)."""
     r = _open_interval("rho", rho, 0.0, np.inf)
     step = _positive("dt", dt)
     return _out(-np.log(r) / step), _out(_finite("phi", phi) / step)
 
 
 def rate_from_real_eigenvalue(mu, dt):
-    """b = -log mu / dt of a real eigenvalue mu in (0, 1] with step dt (SPEC §1.7); b = 0 at mu = 1."""
+    """b = -log mu / dt of a real eigenvalue mu in (0, 1] with step dt (protocol §1.7); b = 0 at mu = 1."""
     m = _check("mu", mu, lambda x: (x > 0) & (x <= 1), "in (0, 1]")
     return _out(-np.log(m) / _positive("dt", dt))
 
 
 def continuous_generator(a, kappa):
-    """A(kappa) = [[0, 1], [-(a^2 - kappa), -2a]] (SPEC §1.5), shape (..., 2, 2) over broadcast a, kappa.
+    """A(kappa) = [[0, 1], [-(a^2 - kappa), -2a]] (protocol §1.5), shape (..., 2, 2) over broadcast a, kappa.
 
     Eigenvalues -a +- sqrt(kappa); companion form of H'' + 2a H' + (a^2 - kappa) H = 0.
     """
@@ -178,7 +178,7 @@ def continuous_generator(a, kappa):
 
 
 def _scaled_c_s(dt, a, kappa):
-    """(e^{-a dt} c(kappa), e^{-a dt} s(kappa)) of SPEC §1.5.
+    """(e^{-a dt} c(kappa), e^{-a dt} s(kappa)) of protocol §1.5.
 
     kappa > 0 uses the mode form e^{-a dt} cosh(r dt) = (e^{-(a-r)dt} + e^{-(a+r)dt}) / 2 and
     e^{-a dt} sinh(r dt)/r = e^{-(a-r)dt} (1 - e^{-2r dt}) / (2r), which never overflows; the
@@ -201,7 +201,7 @@ def _scaled_c_s(dt, a, kappa):
 
 
 def discrete_transition(dt, a, kappa):
-    """Abar = exp(dt A(kappa)) = e^{-a dt} [c(kappa) I + s(kappa) N] in closed form (SPEC §1.5).
+    """Abar = exp(dt A(kappa)) = e^{-a dt} [c(kappa) I + s(kappa) N] in closed form (protocol §1.5).
 
     N = A + aI = [[a, 1], [-(a^2 - kappa), -a]] satisfies N^2 = kappa I; c, s are cosh/sinh
     (kappa > 0), 1/dt (kappa = 0) or cos/sin (kappa < 0) terms. Shape (..., 2, 2) over broadcast
@@ -215,7 +215,7 @@ def discrete_transition(dt, a, kappa):
 
 
 def rotation_generator(a, nu):
-    """-a I + nu J, J = [[0, -1], [1, 0]]: the underdamped block in rotation coordinates z = (H, P) (SPEC §1.5).
+    """-a I + nu J, J = [[0, -1], [1, 0]]: the underdamped block in rotation coordinates z = (H, P) (protocol §1.5).
 
     Its exponential is e^{-a t} R(nu t), R(phi) = [[cos, -sin], [sin, cos]].
     """
@@ -224,7 +224,7 @@ def rotation_generator(a, nu):
 
 
 def companion_from_rotation(a, nu):
-    """M = [[1, 0], [-a, -nu]] with (H, H') = M (H, P): rotation to companion coordinates (SPEC §1.5).
+    """M = [[1, 0], [-a, -nu]] with (H, H') = M (H, P): rotation to companion coordinates (protocol §1.5).
 
     Invertible iff nu != 0; then A(-nu^2) = M (-a I + nu J) M^{-1}.
     """
@@ -233,7 +233,7 @@ def companion_from_rotation(a, nu):
 
 
 # --------------------------------------------------------------------------------------------------
-# Modal persistence (SPEC §1.6): frozen coefficients, natural frequency omega0, varying a
+# Modal persistence (protocol §1.6): frozen coefficients, natural frequency omega0, varying a
 # --------------------------------------------------------------------------------------------------
 
 def propagate(generator, z0, times, shift=0.0):
@@ -258,13 +258,13 @@ def angle_between(u, v):
 
 
 def critical_limit(omega0):
-    """N = A + omega0 I = [[omega0, 1], [-omega0^2, -omega0]]: nilpotent (N^2 = 0), rank 1 (SPEC §1.6)."""
+    """N = A + omega0 I = [[omega0, 1], [-omega0^2, -omega0]]: nilpotent (N^2 = 0), rank 1 (protocol §1.6)."""
     w = float(_positive("omega0", omega0))
     return np.array([[w, 1.0], [-w * w, -w]])
 
 
 def critical_scaled_propagator(omega0, t):
-    """e^{omega0 t} e^{A t} / t for the critical block a = omega0 (SPEC §1.6); tends to N as t grows.
+    """e^{omega0 t} e^{A t} / t for the critical block a = omega0 (protocol §1.6); tends to N as t grows.
 
     e^{A t} = e^{-omega0 t}(I + t N) (Jordan block), so the value is N + I/t. Computed by expm of
     t (A + omega0 I) (e^{A t} alone underflows at t = 1e3).
@@ -275,7 +275,7 @@ def critical_scaled_propagator(omega0, t):
 
 
 def overdamped_rates(omega0, a):
-    """(slow, fast) = (a - r, a + r), r = sqrt(a^2 - omega0^2), for a > omega0 (SPEC §1.6).
+    """(slow, fast) = (a - r, a + r), r = sqrt(a^2 - omega0^2), for a > omega0 (protocol §1.6).
 
     The slow (dominant) rate is formed as omega0^2 / (a + r) < omega0, free of cancellation.
     """
@@ -286,14 +286,14 @@ def overdamped_rates(omega0, a):
 
 
 def slow_eigenvector(omega0, a):
-    """Unit eigenvector (1, -(a - r)) / norm of A(kappa) for the slow root -(a - r) (SPEC §1.6)."""
+    """Unit eigenvector (1, -(a - r)) / norm of A(kappa) for the slow root -(a - r) (protocol §1.6)."""
     slow, _ = overdamped_rates(omega0, a)
     v = np.array([1.0, -slow])
     return v / np.linalg.norm(v)
 
 
 def overdamped_direction_cosine(omega0, a, z0, times):
-    """|cos| of the angle between e^{A t} z0 and the slow eigenvector at each t (SPEC §1.6).
+    """|cos| of the angle between e^{A t} z0 and the slow eigenvector at each t (protocol §1.6).
 
     The fast/slow amplitude ratio shrinks like e^{-2 r t}, so this tends to 1 when z0 has a slow
     component. Frozen A(kappa), kappa = a^2 - omega0^2 > 0.
@@ -306,7 +306,7 @@ def overdamped_direction_cosine(omega0, a, z0, times):
 
 
 def underdamped_angles(omega0, a, z0, z1, times, coordinates="rotation"):
-    """Angle between the trajectories from z0 and z1 of the underdamped block at each t (SPEC §1.6).
+    """Angle between the trajectories from z0 and z1 of the underdamped block at each t (protocol §1.6).
 
     nu = sqrt(omega0^2 - a^2). coordinates='rotation': z = (H, P) under -aI + nu J, where
     z_t = e^{-a t} R(nu t) z_0 and the angle is constant; 'companion': the same motions seen as
@@ -330,7 +330,7 @@ def underdamped_angles(omega0, a, z0, z1, times, coordinates="rotation"):
 def asymptotic_decay_rate(omega0, a):
     """Slowest mode's decay rate a - Re sqrt(a^2 - omega0^2): a (under), omega0 (critical), a - r (over).
 
-    Largest, omega0, at critical damping a = omega0 (SPEC §1.6).
+    Largest, omega0, at critical damping a = omega0 (protocol §1.6).
     """
     w, a_ = _positive("omega0", omega0), _positive("a", a)
     r = np.sqrt(np.maximum((a_ - w) * (a_ + w), 0.0))
@@ -338,7 +338,7 @@ def asymptotic_decay_rate(omega0, a):
 
 
 # --------------------------------------------------------------------------------------------------
-# Steady-state gain (SPEC §1.8)
+# Steady-state gain (protocol §1.8)
 # --------------------------------------------------------------------------------------------------
 
 def _gain_args(rho, theta, u):
@@ -358,7 +358,7 @@ def _write(name, value):
 
 
 def steady_state_gain(rho, theta, u=1.0):
-    """|z_inf| = |u| / |1 - rho e^{i theta}| of z_t = rho e^{i theta} z_{t-1} + u (SPEC §1.8).
+    """|z_inf| = |u| / |1 - rho e^{i theta}| of z_t = rho e^{i theta} z_{t-1} + u (protocol §1.8).
 
     |1 - rho e^{i theta}|^2 = (1 - rho)^2 + 4 rho sin^2(theta/2) (= (1-rho)^2 + 2 rho (1 - cos theta),
     without its cancellation at small theta). theta = 0 gives 1/(1 - rho), the no-rotation maximum.
@@ -368,7 +368,7 @@ def steady_state_gain(rho, theta, u=1.0):
 
 
 def transient_gain(rho, theta, steps, u=1.0):
-    """|z_t| = |1 - (rho e^{i theta})^t| / |1 - rho e^{i theta}| |u| after t steps from z_0 = 0 (SPEC §1.8)."""
+    """|z_t| = |1 - (rho e^{i theta})^t| / |1 - rho e^{i theta}| |u| after t steps from z_0 = 0 (protocol §1.8)."""
     r, th, mag = _gain_args(rho, theta, u)
     t = _check("steps", steps, lambda x: np.isfinite(x) & (x >= 0) & (x == np.round(x)), "an integer >= 0")
     lam = r * np.exp(1j * th)
@@ -376,7 +376,7 @@ def transient_gain(rho, theta, steps, u=1.0):
 
 
 def simulated_gain(rho, theta, steps, u=1.0):
-    """|z_steps| from iterating z_t = rho e^{i theta} z_{t-1} + u, z_0 = 0 (SPEC §1.8, check C4).
+    """|z_steps| from iterating z_t = rho e^{i theta} z_{t-1} + u, z_0 = 0 (protocol §1.8, check C4).
 
     Vectorised over broadcast rho, theta, u (complex u allowed: the gain depends on |u| only).
     """
@@ -392,7 +392,7 @@ def simulated_gain(rho, theta, steps, u=1.0):
 
 
 # --------------------------------------------------------------------------------------------------
-# Frozen-transition spectra (SPEC §1.7, Table 8): S_t = T S_{t-1}, unit key k, H = I - beta k k^T
+# Frozen-transition spectra (protocol §1.7, Table 8): S_t = T S_{t-1}, unit key k, H = I - beta k k^T
 # --------------------------------------------------------------------------------------------------
 
 def _householder_like(k, beta):

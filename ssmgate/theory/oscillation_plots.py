@@ -1,4 +1,4 @@
-"""Figure of SPEC §1.7 (P2 App. A, Table 8): frozen-transition spectra and damping ratios of six families."""
+"""Figure of protocol §1.7 (P2 App. A, Table 8): frozen-transition spectra and damping ratios of six families."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -99,7 +99,7 @@ def plot_spectra(path, n=300, seed=0):
         if i // 3 == 1:
             ax.set_xlabel(r"Re $\lambda$", fontsize=8)
     _draw_damping(fig.add_subplot(grid[:, 4]), samples, np.random.default_rng(seed))
-    fig.suptitle(f"Frozen-transition spectra of linear-attention families (SPEC §1.7, P2 Table 8): "
+    fig.suptitle(f"Frozen-transition spectra of linear-attention families (protocol §1.7, P2 Table 8): "
                  f"{n} random draws each, key dim 4 (unit circle drawn)", fontsize=11)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.stem + ".tmp.png")

@@ -1,4 +1,4 @@
-"""Long-context evaluation of a language model (SPEC 7.2 PG-19 windows, 7.3 position buckets).
+"""Long-context evaluation of a language model (protocol §7.2 PG-19 windows, 7.3 position buckets).
 
 A window is run from a zero state in pieces of `piece_len` tokens that carry the model's cache
 (the SSM state; a Transformer's key-value cache sized for the padded window), so a 64K-token window
@@ -68,7 +68,7 @@ def sequence_nll(model, params, tokens_bl: np.ndarray, weights_bl: np.ndarray, p
 
 def windowed_ppl(model, params, books: Sequence[np.ndarray], size: int, *, score_last: int = lc.SCORE_LAST,
                  batch: int = 8, piece_len: int = 1024) -> dict:
-    """SPEC 7.2 at window size C = `size`: {"ppl", "accuracy" (top-1 over the scored tokens),
+    """protocol §7.2 at window size C = `size`: {"ppl", "accuracy" (top-1 over the scored tokens),
     "nll_sum", "n_scored", "n_windows", "window_nll": [summed nll of each window in
     lc.pg19_windows order]}."""
     windows = lc.pg19_windows([len(bk) for bk in books], size, score_last)
@@ -92,7 +92,7 @@ def windowed_ppl(model, params, books: Sequence[np.ndarray], size: int, *, score
 
 def bucket_ppl(model, params, rows_bl: np.ndarray, buckets: Sequence[tuple], *, batch: int = 8,
                piece_len: int = 1024) -> dict:
-    """SPEC 7.3: rows (n, row_len + 1) each run from a zero state; the pooled PPL of the targets
+    """protocol §7.3: rows (n, row_len + 1) each run from a zero state; the pooled PPL of the targets
     whose position (0-based, in the row's targets) lies in each bucket [lo, hi): {(lo, hi): ppl}."""
     rows_bl = np.asarray(rows_bl)
     n, length = rows_bl.shape

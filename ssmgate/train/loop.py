@@ -1,4 +1,4 @@
-"""The training loop: owns every side effect of a run (DESIGN.md "Training contract").
+"""The training loop: owns every side effect of a run (docs/extending.md, "The training contract").
 
 One loop serves a single run and a vmapped sweep; what differs comes in as functions:
   step_fn(state, batch) -> (state, metrics)   jitted, pure; metrics["nonfinite"] as in train.step

@@ -1,4 +1,4 @@
-"""Optimisers of SPEC §3.3 (AdamW), §4.6 (Muon), §6.2 (AdamW sweeps) and §7.1, with the peak
+"""Optimisers of protocol §3.3 (AdamW), §4.6 (Muon), §6.2 (AdamW sweeps) and §7.1, with the peak
 learning rate held in the optimizer state.
 
     make_optimizer(cfg) = chain(
@@ -39,7 +39,7 @@ class OptimCfg:
     lr: float = 3e-4                  # peak learning rate (the injected hyperparameter)
     warmup_steps: int = 0             # linear 0 -> peak over these steps
     total_steps: int = 1000           # cosine reaches final_lr_frac * peak here, flat after
-    final_lr_frac: float = 0.1        # cosine floor as a fraction of peak (SPEC §3.3: 0.1)
+    final_lr_frac: float = 0.1        # cosine floor as a fraction of peak (protocol §3.3: 0.1)
     b1: float = 0.9                   # adamw, and muon's AdamW group
     b2: float = 0.95
     eps: float = 1e-8
@@ -118,7 +118,7 @@ def scale_by_lr_multiplier(multiplier: optax.Schedule) -> optax.GradientTransfor
 def is_hidden_matrix(key_path, leaf) -> bool:
     """Muon's domain: 2-D `kernel`s of linear maps between hidden features. The embedding table
     and the LM head map tokens, and a depthwise conv kernel (taps, channels) is no linear map
-    between features, so they go to AdamW with every other param (SPEC §4.6 [REC])."""
+    between features, so they go to AdamW with every other param (protocol §4.6 [REC])."""
     names = path_tuple(key_path)
     return leaf.ndim == 2 and names[-1] == "kernel" and "lm_head" not in names and "conv" not in names
 

@@ -1,4 +1,4 @@
-"""Plain-SGD runs of small models, a whole sweep in one compiled program (SPEC §2.7).
+"""Plain-SGD runs of small models, a whole sweep in one compiled program (protocol §2.7).
 
 A sweep point is a replica: its parameters carry a leading replica axis, the run is `vmap`ped over
 it and `jit`ted once. The data of step k comes from `batch_fn(data_key, k)`; replicas that share a

@@ -1,6 +1,6 @@
 """The train state: one pytree (step, params, optimizer state, rng) that a step maps to the next.
 
-Parameters are float32 whatever the compute dtype (SPEC §1.9): the step casts a copy for the
+Parameters are float32 whatever the compute dtype (protocol §1.9): the step casts a copy for the
 forward pass, so gradients, updates and optimizer moments stay float32.
 """
 from __future__ import annotations

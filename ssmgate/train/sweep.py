@@ -1,11 +1,11 @@
-"""Sweeps: K replicas of one run trained by one vmapped, compiled step (DESIGN.md "Training contract").
+"""Sweeps: K replicas of one run trained by one vmapped, compiled step (docs/extending.md, "The training contract").
 
 Replicas differ by seed (initialisation and data), peak learning rate (an array in the optimizer
 state, `optax.inject_hyperparams`) and gate offset delta (A_log += delta at initialisation), so
 one compilation serves the whole grid. The stacked `SweepState` carries, per replica, whether it
 still trains, where it stopped and when it escaped, so early stopping and escape detection
 change arrays, never the program:
-  - escape step: the first evaluation whose `metric` exceeds `escape_thr` (SPEC 3.4),
+  - escape step: the first evaluation whose `metric` exceeds `escape_thr` (protocol §3.4),
   - early stop: a replica whose `metric` reaches `stop_thr` is frozen (its state stops changing),
   - divergence: a replica whose loss or gradient is not finite is frozen at its last good state
     and reported; the others go on.

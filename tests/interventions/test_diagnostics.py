@@ -1,4 +1,4 @@
-"""SPEC 8.3 state diagnostics: the |S|^2 identity per step, the streamed time-means equal a direct
+"""protocol §8.3 state diagnostics: the |S|^2 identity per step, the streamed time-means equal a direct
 token-by-token computation from stored states, the aggregation order (median over (layer, head),
 then the mean over books; sqrt after the median for the RMS), and the bad inputs."""
 import dataclasses

@@ -1,4 +1,4 @@
-"""SPEC §9 C19 (hard part) on a small random Mamba-3 LM: identity permutations reproduce the
+"""protocol §9 C19 (hard part) on a small random Mamba-3 LM: identity permutations reproduce the
 native logits exactly; reversal is the negated angle projection; removal equals the model without
 rotated pairs (same weights) and removing both B and C rotation everywhere; last-k B/C removal
 leaves every earlier position bit-identical; layer windows leave the other layers native."""

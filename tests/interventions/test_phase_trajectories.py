@@ -1,4 +1,4 @@
-"""SPEC 8.5 phase trajectories: travel, the percentile picks among full-turn channels, the
+"""protocol §8.5 phase trajectories: travel, the percentile picks among full-turn channels, the
 cumulative phase, and the model path (the increments the model sows, zero after phase removal)."""
 import jax
 import numpy as np

@@ -1,4 +1,4 @@
-"""SPEC §9 check C17 (slow, about 15 minutes on 2 cores): a trained 1-layer Mamba-3 solves parity at
+"""protocol §9 check C17 (slow, about 15 minutes on 2 cores): a trained 1-layer Mamba-3 solves parity at
 length 224 with the 180-degree phase code, and the no-rotation and static-rotation rows do not.
 
 The model, batch, steps and learning rates are C17's; the curriculum is not. C17 as written (lengths

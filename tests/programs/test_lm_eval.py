@@ -1,4 +1,4 @@
-"""SPEC §9 C18 (the PG-19 windowed protocol) and the piecewise evaluator: window starts follow
+"""protocol §9 C18 (the PG-19 windowed protocol) and the piecewise evaluator: window starts follow
 sigma = max(10, floor((L - C) / 10)), at most 11 windows a book, none for L <= C, 16 scored tokens
 per window; a window's result does not depend on the windows before it (state reset); pieces and
 batches do not change the numbers; position buckets pool the right targets."""
@@ -69,7 +69,7 @@ def test_windows_are_independent_and_pieces_do_not_matter(model_params):
         logits, _ = model.apply({"params": params}, row[None, :-1])
         hits += int((np.argmax(np.asarray(logits)[0, -16:], -1) == row[-16:]).sum())
     assert got["accuracy"] == pytest.approx(hits / got["n_scored"])
-    # a book of exactly C tokens has no window (SPEC: books with L > C)
+    # a book of exactly C tokens has no window (protocol: books with L > C)
     assert lm_eval.windowed_ppl(model, params, [books[1][:64]], 64, score_last=16)["n_windows"] == 0
 
 

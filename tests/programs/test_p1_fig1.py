@@ -1,5 +1,5 @@
 """The P1 Figure 1 program: flags and their errors, every panel end to end at tiny sizes, and the
-SPEC checks C6 (Fig 1a), C8 (Fig 1b) and C10 (Fig 1c/1d, slow)."""
+Protocol §9 checks C6 (Fig 1a), C8 (Fig 1b) and C10 (Fig 1c/1d, slow)."""
 import csv
 import dataclasses
 import json

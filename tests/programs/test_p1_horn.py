@@ -228,7 +228,7 @@ def test_flags_build_the_sweep(parse):
     assert cfg.escape_thr is None and cfg.stop_thr is None and cfg.lengen_ks == () and cfg.probe_pool == 4
     assert cfg.horn.batch == 4 and cfg.horn.k_upper == 4 and cfg.eval_sets["no_oracle"] == ("no_oracle", 4, 4, 1024)
     lengen = parse("--horn_regime=lengen", "--horn_K=8")
-    assert lengen.lengen_ks == (1, 2, 4, 8) and lengen.probe_pool is None  # SPEC 4.5's sizes up to K
+    assert lengen.lengen_ks == (1, 2, 4, 8) and lengen.probe_pool is None  # protocol §4.5's sizes up to K
     assert parse("--preset=p1_horn_llama", "--n_heads=4", "--gate_offset=0").model.block == "llama"
     assert parse("--opt_name=muon", "--opt_muon_adam_lr=2e-3").optim.muon_adam_lr == 2e-3
     assert parse("--escape_thr=0.5", "--stop_thr=0.9").stop == sweep.StopRule("accuracy", 0.5, 0.9)

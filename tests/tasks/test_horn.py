@@ -1,4 +1,4 @@
-"""The Horn-clause retrieval task (SPEC §4.1-4.5) and check C13 (SPEC §9): graph, episodes, classes,
+"""The Horn-clause retrieval task (protocol §4.1-4.5) and check C13 (protocol §9): graph, episodes, classes,
 Plackett–Luce ranking, pools, names, tokens, buckets and metrics."""
 import functools
 import math
@@ -159,7 +159,7 @@ def test_graph_structure():
 # --- episodes and classes -----------------------------------------------------------------------
 
 def _brute_classes(layer, cur, goal):
-    """Classes from the clause list alone (SPEC §4.1), cur and goal local indices."""
+    """Classes from the clause list alone (protocol §4.1), cur and goal local indices."""
     g = GRAPH
     out = []
     for a, b in zip(g.src[layer], g.dst[layer]):
@@ -176,7 +176,7 @@ def test_episodes_follow_the_recipe_and_classes_partition():
     assert np.array_equal(g.src[0, s1.path], s1.current) and np.array_equal(g.dst[0, s1.path] + P, s2.current)
     assert np.array_equal(g.src[1, s2.path] + P, s2.current) and np.array_equal(g.dst[1, s2.path] + 2 * P, s2.goal)
     assert np.isin(s1.path, g.eligible1).all()
-    # c1 uniform over the eligible layer-1 clauses (SPEC recipe step 2).
+    # c1 uniform over the eligible layer-1 clauses (protocol recipe step 2).
     counts = np.bincount(np.searchsorted(g.eligible1, s1.path), minlength=g.eligible1.size)
     assert stats.chisquare(counts).pvalue > 0.01
     for turn, s in ((1, s1), (2, s2)):

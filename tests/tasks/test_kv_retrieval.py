@@ -1,4 +1,4 @@
-"""The P1 multi-token KV retrieval generator and metrics (SPEC §3.1) and check C11 (SPEC §9)."""
+"""The P1 multi-token KV retrieval generator and metrics (protocol §3.1) and check C11 (protocol §9)."""
 import dataclasses
 import functools
 import math
@@ -93,7 +93,7 @@ def test_paper_cfg_and_lengths():
     assert (PAPER.eps, PAPER.q, PAPER.query) == (0.1, 0.1, "best_first")
     assert (PAPER.vocab_size, PAPER.padded_vocab, PAPER.block) == (69, 72, 18)
     assert kv.seq_len(PAPER, 512) == 2 + 18 * (512 + 52) == 10_154
-    assert kv.seq_len(PAPER, 2048) == 2 + 18 * (2048 + 205) == 40_556     # SPEC: ~41k tokens at n = 2048
+    assert kv.seq_len(PAPER, 2048) == 2 + 18 * (2048 + 205) == 40_556     # protocol: ~41k tokens at n = 2048
     ns = np.arange(1, 2049)
     want = np.array([max(1, -(-n // 10)) for n in ns])     # exact ceil(n / 10); float 0.1 * 30 would give 4
     assert [kv.n_queries(PAPER, int(n)) for n in ns] == want.tolist()

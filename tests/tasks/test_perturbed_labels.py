@@ -1,4 +1,4 @@
-"""The perturbed-label generators of SPEC §2.1 / §2.4."""
+"""The perturbed-label generators of protocol §2.1 / §2.4."""
 import jax
 import jax.numpy as jnp
 import numpy as np

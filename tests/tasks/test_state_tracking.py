@@ -1,4 +1,4 @@
-"""The P2 state-tracking generators and metrics (SPEC §6.1, §6.2) and checks C16, C20 (SPEC §9)."""
+"""The P2 state-tracking generators and metrics (protocol §6.1, §6.2) and checks C16, C20 (protocol §9)."""
 import dataclasses
 import functools
 
@@ -147,7 +147,7 @@ def test_curriculum_hold_delays_the_ramp():
     f = jax.jit(functools.partial(st.curriculum_max_len, cfg))
     for step, want in ((0, 4), (399, 4), (400, 4), (401, 4), (407, 5), (800, 66), (1200, 128), (5000, 128)):
         assert int(f(step)) == want == int(st.curriculum_max_len(cfg, step))
-    # the hold shifts the SPEC schedule by hold_steps, nothing else
+    # the hold shifts the protocol schedule by hold_steps, nothing else
     plain = dataclasses.replace(cfg, hold_steps=0)
     assert all(int(f(k + 400)) == int(st.curriculum_max_len(plain, k)) for k in range(0, 1000, 37))
     # no ramp: L_max0 during the hold, L_max1 after it

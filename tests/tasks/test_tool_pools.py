@@ -1,4 +1,4 @@
-"""SPEC §9 C15 (the BFCL harness without a language model): the data of bfcl-eval, BM25 rankings,
+"""protocol §9 C15 (the BFCL harness without a language model): the data of bfcl-eval, BM25 rankings,
 the main setting's injection rule and the weak retriever's recall."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""SPEC §2.3-2.4 formulas of ssmgate.theory.gating against the SPEC's reference values and §9 checks C7-C9."""
+"""protocol §2.3-2.4 formulas of ssmgate.theory.gating against the the protocol's reference values and §9 checks C7-C9."""
 import math
 
 import numpy as np
@@ -174,7 +174,7 @@ def test_flow_escape_edge_cases():
 
 
 def test_full_vs_reduced_ratio():
-    """SPEC §9.1: full / reduced escape time ~ 0.2 (1e-3), 0.5 (1e-4), 0.9 (1e-5); the full flow is faster."""
+    """protocol §9.1: full / reduced escape time ~ 0.2 (1e-3), 0.5 (1e-4), 0.9 (1e-5); the full flow is faster."""
     for a0, ratio in ((1e-3, 0.2), (1e-4, 0.5), (1e-5, 0.9)):
         r = g.flow_escape_time(a0, P, EPS) / g.reduced_escape_time(a0, EPS)
         assert r == pytest.approx(ratio, abs=0.05), a0
@@ -217,7 +217,7 @@ def test_theta_law_and_lambda_maps():
 # ------------------------------------------------------------------------------------------------
 
 BAYES_DELTAS = [1, 4, 16, 64, 256]
-BAYES_TABLE = {  # d = 128, ell = 1024, ||x_q|| = 1 (SPEC §2.4)
+BAYES_TABLE = {  # d = 128, ell = 1024, ||x_q|| = 1 (protocol §2.4)
     1: [1.000, 0.700, 0.500, 0.500, 0.500],
     4: [1.000, 1.000, 0.566, 0.500, 0.500],
     16: [1.000, 1.000, 0.937, 0.530, 0.500],
@@ -259,7 +259,7 @@ def test_bayes_average_is_chi_average():
         avg = g.bayes_accuracy(tau, Delta, d, ell, average=True)
         assert avg == pytest.approx(quad, abs=1e-8)
         diffs.append(abs(avg - g.bayes_accuracy(tau, Delta, d, ell)))
-    # SPEC §2.6: averaging changes the ||x_q|| = 1 value by about 0.001 at d = 128 (at most 0.0013).
+    # protocol §2.6: averaging changes the ||x_q|| = 1 value by about 0.001 at d = 128 (at most 0.0013).
     assert max(diffs) <= 1.5e-3
     with pytest.raises(ValueError, match="xq_norm"):
         g.bayes_accuracy(16.0, 4, d, ell, average=True, xq_norm=0.5)

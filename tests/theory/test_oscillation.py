@@ -1,4 +1,4 @@
-"""SPEC §1.5-1.8 formulas of ssmgate.theory.oscillation, and §9 checks C4 (App. C.2/C.3) and C5 (App. A, Table 8)."""
+"""protocol §1.5-1.8 formulas of ssmgate.theory.oscillation, and §9 checks C4 (App. C.2/C.3) and C5 (App. A, Table 8)."""
 import itertools
 import math
 
@@ -8,7 +8,7 @@ from scipy import linalg
 
 from ssmgate.theory import oscillation as o
 
-# SPEC §9 C3's grid.
+# protocol §9 C3's grid.
 C3_A = (0.1, 1.0, 3.0)
 C3_KAPPA = (-4.0, -0.3, 0.0, 0.2, 0.81)
 C3_DT = (0.01, 0.7, 5.0)
@@ -23,7 +23,7 @@ def _expm_transition(dt, a, kappa):
 
 
 # ------------------------------------------------------------------------------------------------
-# Second-order view of one block (SPEC §1.5, §1.7 "Rates")
+# Second-order view of one block (protocol §1.5, §1.7 "Rates")
 # ------------------------------------------------------------------------------------------------
 
 def test_damping_ratio_and_natural_frequency():
@@ -99,7 +99,7 @@ def test_closed_form_vectorised_and_underdamped_rotation_form():
     assert batch.shape == (len(C3_GRID), 2, 2)
     for i, args in enumerate(C3_GRID):
         np.testing.assert_array_equal(batch[i], o.discrete_transition(*args))
-    # Underdamped: Abar = M e^{-a dt} R(nu dt) M^{-1}  (SPEC §1.5, C3).
+    # Underdamped: Abar = M e^{-a dt} R(nu dt) M^{-1}  (protocol §1.5, C3).
     for dt_, a_, nu in itertools.product(C3_DT, C3_A, (2.0, -0.5477)):
         m = o.companion_from_rotation(a_, nu)
         c, s = math.cos(nu * dt_), math.sin(nu * dt_)
@@ -166,7 +166,7 @@ def test_damped_core_transition_agrees_with_theory(regime_name):
 
 
 # ------------------------------------------------------------------------------------------------
-# Modal persistence (SPEC §1.6) and C4
+# Modal persistence (protocol §1.6) and C4
 # ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("omega0", [0.5, 1.0, 2.0])
@@ -266,7 +266,7 @@ def test_gain_closed_forms():
 
 
 # ------------------------------------------------------------------------------------------------
-# Frozen-transition spectra (SPEC §1.7, Table 8) and C5
+# Frozen-transition spectra (protocol §1.7, Table 8) and C5
 # ------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

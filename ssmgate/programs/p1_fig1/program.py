@@ -1,4 +1,4 @@
-"""P1 Figure 1: the simplified SSM on the perturbed-label task, four panels (SPEC §2.6).
+"""P1 Figure 1: the simplified SSM on the perturbed-label task, four panels (protocol §2.6).
 
 - a: margins delta_m, delta_r after a few SGD steps vs the initial retention alpha0 (short context).
 - b: SGD steps until retrieval overtakes memorisation (delta_r >= delta_m) vs alpha0.
@@ -6,7 +6,7 @@
 - d: accuracy over (tau, query distance) as a heat map (long context).
 
 Every grid point x seed is a replica of one vmapped, jitted SGD program (ssmgate.train.sgd_sweep);
-replicas with the same seed share their data. The run directory receives the CSV of SPEC §0.1,
+replicas with the same seed share their data. The run directory receives the CSV of protocol §0.1,
 summary.json, metrics.jsonl (progress of the compiled segments), params.npz and the panel's figure
 with the theory of ssmgate.theory.gating overlaid.
 """
@@ -35,7 +35,7 @@ CSV_NAME = {"a": "fig1a.csv", "b": "fig1b.csv", "c": "fig1cd.csv", "d": "fig1cd.
 
 @dataclasses.dataclass(frozen=True)
 class ToyGateCfg:
-    """One Figure 1 panel (SPEC §0.2 ToyGateCfg). Grids: alpha0 for a/b, tau for c/d."""
+    """One Figure 1 panel (protocol §0.2 ToyGateCfg). Grids: alpha0 for a/b, tau for c/d."""
     panel: str
     d: int
     ell: int
@@ -290,7 +290,7 @@ def delta_bins(ell: int, n_bins: int) -> list[tuple[int, int]]:
 
 def _cells(cfg):
     """Training cells (tau, lo, hi): the query distance of a cell's training batches is uniform in
-    [lo, hi]. 'uniform': one cell per tau over 1..ell (SPEC [REC]); 'matched': one cell per tau and
+    [lo, hi]. 'uniform': one cell per tau over 1..ell (protocol [REC]); 'matched': one cell per tau and
     evaluated distance (panel c) or distance bin (panel d), so each accuracy is measured on the
     distances its model was trained on."""
     if cfg.train_query == "uniform":

@@ -8,7 +8,7 @@ from pathlib import Path
 from ssmgate.report import check_bars as bars
 from ssmgate.report.format import Checks, cell as _f, checks_table, table as _table
 
-PAPER = {  # the paper's readings and SPEC §2.6 / §9.1 references
+PAPER = {  # the paper's readings and protocol §2.6 / §9.1 references
     "alpha_star": 0.158, "no_decay_accuracy": 0.638,
 }
 
@@ -98,7 +98,7 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
                 for al, tf, tr, m, r in zip(b["alpha0"], b["flow_escape_time"], b["reduced_escape_time"],
                                             b["escape_steps"], b["sgd_over_flow"])]
         md.append(_table(["α0", "3-D flow T (theory)", "reduced flow T (Prop. 4)", "ours: lr × escape step", "ours / 3-D flow"], rows))
-        md.append("The paper shows the Θ(1/(α0 log(1/α0))) scaling; SPEC §9.1 asks lr × steps within ±40% of the 3-D flow.\n")
+        md.append("The paper shows the Θ(1/(α0 log(1/α0))) scaling; protocol §9.1 asks lr × steps within ±40% of the 3-D flow.\n")
     c = runs.get("fig1c")
     if c:
         md.append("### Fig 1c: accuracy vs frozen gate length τ\n\n![Fig 1c](figures/fig1c.png)\n")

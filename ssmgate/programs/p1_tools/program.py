@@ -59,12 +59,12 @@ CELLS_FILE = "tools_eval_cells.jsonl"
 @dataclasses.dataclass(frozen=True)
 class ToolsCfg:
     test_percent: int = 20          # functions held out for testing (by a hash of the name)
-    k_max: int = 24                 # training pools k ~ U{1..k_max} (SPEC 5.2 [REC])
+    k_max: int = 24                 # training pools k ~ U{1..k_max} (protocol §5.2 [REC])
     seq_len: int = 4096             # the longest training row
     quantum: int = 256
     batch: int = 8
-    eval_k: tuple = (1, 4, 8, 16, 24, 32, 48, 64, 72)   # SPEC 5.2 [REC]
-    weak_betas: tuple = (0.05, 10.0)                     # SPEC 5.4
+    eval_k: tuple = (1, 4, 8, 16, 24, 32, 48, 64, 72)   # protocol §5.2 [REC]
+    weak_betas: tuple = (0.05, 10.0)                     # protocol §5.4
     weak_k: tuple = (1, 4, 8, 16, 24, 32, 48, 64, 72)
     max_new: int = 96               # decoded bytes per answer
     eval_batch: int = 32            # prompts per decoding program
@@ -95,7 +95,7 @@ class P1ToolsCfg:
     tools: ToolsCfg
     loop: loop.LoopCfg
     mesh: meshlib.MeshCfg
-    gate_offsets: tuple = tuple(math.log(s) for s in (0.06, 0.12, 0.25, 1.0, 4.0, 8.0, 16.0))  # SPEC 5.2: ln s
+    gate_offsets: tuple = tuple(math.log(s) for s in (0.06, 0.12, 0.25, 1.0, 4.0, 8.0, 16.0))  # protocol §5.2: ln s
     init_run: str = ""
     seed: int = 0
     preset: Optional[str] = None

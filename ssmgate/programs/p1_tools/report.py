@@ -3,7 +3,7 @@
 `build(runs, ...)` takes the summaries of `tools_pretrain` (p2_lm) and `tools_sft` (p1_tools) and
 returns ({"accuracy": {s: {k}}, "hallucination": {s: {k}}, "weak": {beta: {s: {k}}},
 "weak_hallucination", "weak_recall", "bm25_recall", "checks", "wall_s", ...}, markdown) with the
-paper's readings at k = 72 (SPEC 5.3) beside ours at the largest evaluated pool.
+paper's readings at k = 72 (protocol §5.3) beside ours at the largest evaluated pool.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ssmgate.plotting import pyplot
 from ssmgate.report.format import Checks, report_tail, table
 
 RUNS = ("tools_pretrain", "tools_sft")
-WEAK_SCALES, STRONG_SCALES = ("0.06", "0.12", "0.25"), ("8", "16")   # SPEC 5.3's groups
+WEAK_SCALES, STRONG_SCALES = ("0.06", "0.12", "0.25"), ("8", "16")   # protocol §5.3's groups
 PAPER_AT_72 = {"weak gate (s = 0.06-0.25)": ("0.28-0.30", "0.30-0.32"), "strong gate (s = 8, 16)": ("0.20-0.21", "0.50-0.54"),
                "Transformer": ("0.01-0.02", "0.90")}
 
@@ -124,7 +124,7 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
                     [[s, entry["accuracy"][s][k], entry["hallucination"][s][k], entry["malformed"][s][k],
                       entry.get("name_accuracy", {}).get(s, {}).get(k), entry.get("name_out_of_pool", {}).get(s, {}).get(k)]
                      for s in entry["gate_scales"]]),
-              "The paper at k = 72 (SPEC 5.3, readings of Fig 4):", "",
+              "The paper at k = 72 (protocol §5.3, readings of Fig 4):", "",
               table(["group", "accuracy", "hallucination"], [[g, *v] for g, v in PAPER_AT_72.items()])]
     _figure(entry, figure_dir / "p1_tools.png", k_train)
     lines += ["![tool calling](figures/p1_tools.png)", "",

@@ -1,4 +1,4 @@
-"""The long-context evaluation of a trained (or converted) language model: SPEC 7.2 windows,
+"""The long-context evaluation of a trained (or converted) language model: protocol §7.2 windows,
 7.3 position buckets, 8.1 layer-window heat map, 8.2 intervention table, 8.3 state diagnostics, 8.4 write/read
 rotation removal, 8.5 phase trajectories, and the memory of one long window.
 
@@ -24,14 +24,14 @@ from ssmgate.tasks import long_context as lc
 from ssmgate.train.cell_store import CellStore
 from ssmgate.train.run_dir import RunDir, say
 
-PHASE_KINDS = ("phase_removal", "phase_reversal", "phase_shuffle", "decay_permutation")  # SPEC 8.2
-BC_KINDS = ("remove_B", "remove_C", "remove_both")                                       # SPEC 8.4
+PHASE_KINDS = ("phase_removal", "phase_reversal", "phase_shuffle", "decay_permutation")  # protocol §8.2
+BC_KINDS = ("remove_B", "remove_C", "remove_both")                                       # protocol §8.4
 CELLS_FILE = "long_eval_cells.jsonl"
 
 
 @dataclasses.dataclass(frozen=True)
 class LongEvalCfg:
-    windows: tuple = (512, 1024, 2048, 4096, 8192)   # C: window sizes of SPEC 7.2
+    windows: tuple = (512, 1024, 2048, 4096, 8192)   # C: window sizes of protocol §7.2
     score_last: int = lc.SCORE_LAST
     piece_len: int = 1024          # tokens per forward piece (the cache carries the state between pieces)
     batch: int = 8                 # windows per forward
@@ -39,12 +39,12 @@ class LongEvalCfg:
     bc_window: Optional[int] = None       # C of the remove_B / remove_C / remove_both table; None = skip
     heatmap_window: Optional[int] = None  # C of the layer-window phase-removal heat map; None = skip
     diag_len: int = 0              # state diagnostics over the first diag_len tokens of books this long; 0 = skip
-    diag_skip: int = 0             # positions excluded from the diagnostics' time means (SPEC: 2000)
-    diag_short: int = 0            # the shorter diagnostics span [diag_skip, diag_short) (SPEC: 16000)
+    diag_skip: int = 0             # positions excluded from the diagnostics' time means (protocol §8.3: 2000)
+    diag_short: int = 0            # the shorter diagnostics span [diag_skip, diag_short) (protocol §8.3: 16000)
     diag_books: int = 4            # at most this many books for the diagnostics
     trajectory_len: int = 0        # phase-trajectory figure over this many tokens of the longest book; 0 = skip
     memory_windows: tuple = ()     # window lengths whose peak memory is measured in a fresh process
-    bucket_row_len: int = 0        # SPEC 7.3: the books joined with EOS, cut into rows this long; 0 = skip
+    bucket_row_len: int = 0        # protocol §7.3: the books joined with EOS, cut into rows this long; 0 = skip
     bucket_width: int = 1024       # ... and the PPL per bucket of this many positions
     shuffle_seed: int = 0
 
@@ -142,7 +142,7 @@ def evaluate(cfg: ModelCfg, params, books: Sequence[np.ndarray], ecfg: LongEvalC
 
 
 def _buckets(cfg: ModelCfg, params, books, ecfg: LongEvalCfg, eos_id: int | None) -> dict:
-    """SPEC 7.3: the books joined with EOS, cut into rows of bucket_row_len tokens (state reset per
+    """protocol §7.3: the books joined with EOS, cut into rows of bucket_row_len tokens (state reset per
     row); the pooled PPL of the targets in each position bucket: {"lo-hi": ppl, "rows": n}."""
     if eos_id is None:
         raise ValueError("position buckets: eos_id is needed to join the books")
@@ -159,7 +159,7 @@ def _buckets(cfg: ModelCfg, params, books, ecfg: LongEvalCfg, eos_id: int | None
 
 
 def _heatmap(cfg: ModelCfg, ecfg: LongEvalCfg, cell) -> dict:
-    """SPEC 8.1 at window C: phase removal in every contiguous window of layers [start, start + width);
+    """protocol §8.1 at window C: phase removal in every contiguous window of layers [start, start + width);
     the change of next-token accuracy (percentage points) and the PPL ratio against native."""
     c, n = ecfg.heatmap_window, cfg.n_layers
     base = cell("native", c)
@@ -174,7 +174,7 @@ def _heatmap(cfg: ModelCfg, ecfg: LongEvalCfg, cell) -> dict:
 
 
 def _diagnostics(cfg: ModelCfg, params, books, ecfg: LongEvalCfg, store: CellStore) -> dict:
-    """SPEC 8.3 on the books of at least diag_len tokens: one run over their first diag_len tokens,
+    """protocol §8.3 on the books of at least diag_len tokens: one run over their first diag_len tokens,
     time means over [diag_skip, diag_short) ("short") and [diag_skip, diag_len) ("long")."""
     chosen = [i for i, b in enumerate(books) if len(b) >= ecfg.diag_len][:ecfg.diag_books]
     spans = {"short": (ecfg.diag_skip, ecfg.diag_short), "long": (ecfg.diag_skip, ecfg.diag_len)}
@@ -194,7 +194,7 @@ def _diagnostics(cfg: ModelCfg, params, books, ecfg: LongEvalCfg, store: CellSto
 
 
 def _trajectories(cfg: ModelCfg, params, books, ecfg: LongEvalCfg, rd: RunDir) -> dict:
-    """SPEC 8.5 (Fig 4) on the first trajectory_len tokens of the longest eval book."""
+    """protocol §8.5 (Fig 4) on the first trajectory_len tokens of the longest eval book."""
     longest = int(np.argmax([len(b) for b in books]))
     tokens = books[longest][:ecfg.trajectory_len]
     increments = phase_trajectories.phase_increments(intervened_model(cfg, Intervention()), params, tokens)

@@ -1,8 +1,8 @@
-"""Program `p2_lm`: pretrain a language model on text and evaluate it the way P2 does (SPEC 7, 8).
+"""Program `p2_lm`: pretrain a language model on text and evaluate it the way P2 does (protocol §7, 8).
 
     python -m ssmgate.main --flagfile=experiments/p2/cpu/lm_rope05.flags --run_dir=runs/lm_rope05
 
-1. Data (SPEC 7.1, issue #7): documents of `--corpus` ('embedded', 'pg19:<folder>', 'tfds:<name>',
+1. Data (protocol §7.1, issue #7): documents of `--corpus` ('embedded', 'pg19:<folder>', 'tfds:<name>',
    'files:<glob>') tokenized (`--tokenizer`: byte, or a tokenizer.json / SentencePiece .model),
    joined with EOS and cut into rows of seq_len + 1 tokens. The training split is prepared once
    into token shards (`ssmgate.data.prepare`, under `--token_cache_dir`, else a temporary folder
@@ -14,7 +14,7 @@
    `--eval_every` steps the held-out PPL over all validation rows (state reset per row): the
    validation curve of Fig 7.
 3. The long-context evaluation of `p2_lm_eval` on the books of `--eval_split` of `--eval_corpus`:
-   SPEC 7.2 windows at every `--lm_windows` size, and on a rotation model the interventions,
+   protocol §7.2 windows at every `--lm_windows` size, and on a rotation model the interventions,
    write/read removal, layer-window heat map, state diagnostics and phase trajectories. With
    `--init_official=<safetensors>` (and no --steps) it evaluates a converted official checkpoint
    without training.

@@ -11,7 +11,7 @@ runs of ssmgate.programs.p2_lm.program and of their second seeds `*_seed1` (any 
     "val_curve": {variant: [[step, ppl], ...]}, "bucket_ppl": {variant: {"lo-hi": ppl, "rows": n}},
     "layer_heatmap", "memory", "checks", "wall_s"},
    markdown)
-with the paper's numbers (SPEC 8.2-8.4, SISO and MIMO 1.5B) beside ours.
+with the paper's numbers (protocol §8.2-8.4, SISO and MIMO 1.5B) beside ours.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ SEED_RUNS = {"lm_rope05": ("rotation", 0), "lm_rope0": ("no_rotation", 0),  # th
              "lm_rope05_seed1": ("rotation", 1), "lm_rope0_seed1": ("no_rotation", 1)}
 INTERVENTION_NAMES = {"decay_permutation": "decay permutation", "phase_shuffle": "phase shuffle",
                       "phase_removal": "phase removal", "phase_reversal": "phase reversal"}
-# SPEC 8.2 Table 5: ratio to native PPL at 2K / 16K / 64K, SISO and MIMO 1.5B.
+# protocol §8.2 Table 5: ratio to native PPL at 2K / 16K / 64K, SISO and MIMO 1.5B.
 PAPER_TABLE5 = {
     "decay_permutation": ((5.43, 5.91, 6.08), (1.22, 1.21, 1.21)),
     "phase_shuffle": ((2.38, 4.49, 7.25), (3.05, 3.28, 3.20)),
@@ -176,7 +176,7 @@ def _ppl_figure(entry: dict, path: Path) -> None:
     for variant, row in entry["window_ppl"].items():
         cs = sorted((int(c), v) for c, v in row.items() if v is not None)
         ax.plot([c for c, _ in cs], [v for _, v in cs], marker="o", label=variant.replace("_", " "))
-    ax.set(xlabel="window C (tokens)", ylabel="PPL of the last 100 tokens", title="windowed PPL (SPEC 7.2; cf. Fig 3)")
+    ax.set(xlabel="window C (tokens)", ylabel="PPL of the last 100 tokens", title="windowed PPL (protocol §7.2; cf. Fig 3)")
     _window_axis(ax, sizes)
     ax.legend(fontsize=8)
     if entry.get("intervention_ratio"):
@@ -232,7 +232,7 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
     sizes = sorted({c for row in win.values() for c in row}, key=int)
     rows = [[v.replace("_", " "), f"{entry['params'][v]:,}", _fmt(entry["ppl"][v]),
              *[_fmt(win[v].get(c)) for c in sizes]] for v in entry["ppl"]]
-    lines += ["Held-out PPL (validation rows, state reset per row) and the windowed PPL of SPEC 7.2 (last 100 "
+    lines += ["Held-out PPL (validation rows, state reset per row) and the windowed PPL of protocol §7.2 (last 100 "
               "tokens of every window, pooled) on the evaluation books. The paper (Fig 3, 7) has rotation lower "
               "at every window size and during training.", "",
               table(["model", "params", "held-out PPL", *[f"C={c}" for c in sizes]], rows)]
@@ -247,7 +247,7 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
     if spans:
         rows = [[v.replace("_", " "), str(row.get("rows", "–")), *[_fmt(row.get(k)) for k in spans]]
                 for v, row in buckets.items()]
-        lines += ["PPL per position bucket (SPEC 7.3): the evaluation books joined with EOS, cut into rows, the "
+        lines += ["PPL per position bucket (protocol §7.3): the evaluation books joined with EOS, cut into rows, the "
                   "state reset per row (the paper's Fig 6 on four other corpora).", "",
                   table(["model", "rows", *[f"[{k.replace('-', ', ')})" for k in spans]], rows)]
     if entry.get("intervention_ratio"):
@@ -257,7 +257,7 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
             paper = PAPER_TABLE5.get(kind, ((None,) * 3,) * 2)
             rows.append([INTERVENTION_NAMES.get(kind, kind), *[_ratio_cell(ppl[kind][c], ratio[kind][c]) for c in sizes],
                          ", ".join(f"{v:g}" for v in paper[0]), ", ".join(f"{v:g}" for v in paper[1])])
-        lines += ["Phase-structure interventions on the rotation model, all layers (SPEC 8.2, Table 5): PPL "
+        lines += ["Phase-structure interventions on the rotation model, all layers (protocol §8.2, Table 5): PPL "
                   "(ratio to native). The paper's ratios are at 2K / 16K / 64K.", "",
                   table(["intervention", *[f"C={c}" for c in sizes], "paper SISO", "paper MIMO"], rows)]
     if entry.get("bc_removal_ratio"):
@@ -266,7 +266,7 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
             [k.replace("_", " "), _ratio_cell(bc[k], r[k]), f"{PAPER_TABLE7[k][0]:g}", f"{PAPER_TABLE7[k][1]:g}"]
             for k in PAPER_TABLE7]
         lines += [f"Write/read rotation removal on the last 100 positions of C={entry['bc_window']} windows "
-                  "(SPEC 8.4, Table 7; paper at 64K):", "",
+                  "(protocol §8.4, Table 7; paper at 64K):", "",
                   table(["intervention", "PPL (ratio)", "paper SISO ratio", "paper MIMO ratio"], rows)]
     if entry.get("state_stats_by_span"):
         st, spans = entry["state_stats_by_span"], entry["state_stats_spans"]
@@ -276,14 +276,14 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
             rows.append([f"[{lo}, {hi})", f"{st['native'][span]['cosine']:.3f} → {st['removed'][span]['cosine']:.3f}",
                          f"{st['native'][span]['rms']:.3f} → {st['removed'][span]['rms']:.3f}",
                          f"{paper[0][0]} → {paper[0][1]}", f"{paper[1][0]} → {paper[1][1]}"])
-        lines += ["State diagnostics (SPEC 8.3, Table 6): history/update cosine and RMS state norm, native → "
+        lines += ["State diagnostics (protocol §8.3, Table 6): history/update cosine and RMS state norm, native → "
                   "phase removal; positions of one run from a zero state (paper: [2000, 16000) and [2000, 64000) "
                   "of PG-19 books, SISO).", "",
                   table(["span", "cosine", "RMS", "paper cosine (SISO)", "paper RMS (SISO)"], rows)]
     if entry.get("layer_heatmap"):
         heat = entry["layer_heatmap"]
         _heatmap_figure(heat, figure_dir / "p2_lm_layer_heatmap.png")
-        lines += [f"Phase removal in every window of consecutive layers (SPEC 8.1, Fig 2): change of next-token "
+        lines += [f"Phase removal in every window of consecutive layers (protocol §8.1, Fig 2): change of next-token "
                   f"accuracy on the scored tokens at C={heat['window']} (native {100 * heat['native_accuracy']:.2f}%), "
                   "in place of the paper's LAMBADA / relations accuracy (range −45 … +3 pp).", "",
                   "![layer windows](figures/p2_lm_layer_heatmap.png)", ""]
@@ -291,7 +291,7 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
     if trajectories.exists():
         shutil.copy(trajectories, figure_dir / "p2_lm_phase_trajectories.png")
         lines += ["Phase trajectories of slow / medium / fast channels of the rotation model on one evaluation "
-                  "book (SPEC 8.5, Fig 4):", "", "![phase trajectories](figures/p2_lm_phase_trajectories.png)", ""]
+                  "book (protocol §8.5, Fig 4):", "", "![phase trajectories](figures/p2_lm_phase_trajectories.png)", ""]
     if entry.get("memory"):
         mem = entry["memory"]
         rows = [[f"{r['window']:,}", f"{r['piece_len']:,}", f"{r['peak_rss_mb']:.0f}"]

@@ -1,7 +1,7 @@
 """Flags of the P2 state-tracking program (`--program=p2_state_tracking`) and their translation.
 
 The model flags (training_flags) override the shared width and depth of every row (default: the
-SPEC §6.2 state-tracking model, 1 layer for parity / mod 3, 3 for arithmetic); `--lr` is
+protocol §6.2 state-tracking model, 1 layer for parity / mod 3, 3 for arithmetic); `--lr` is
 the learning-rate grid, `--steps` / `--batch` / `--opt_*` the protocol, `--stop_thr` early stopping on the validation accuracy.
 """
 from __future__ import annotations
@@ -19,9 +19,9 @@ flags.DEFINE_list("models", list(p2.TABLE_MODELS) + ["underdamped_companion"],
 flags.DEFINE_integer("l_min", 3, "Curriculum: shortest training length.")
 flags.DEFINE_integer("l_max0", 40, "Curriculum: longest training length at step 0.")
 flags.DEFINE_integer("l_max1", 160, "Curriculum: longest training length after the ramp.")
-flags.DEFINE_integer("ramp_steps", None, "Curriculum: steps over which the longest length grows (default: SPEC 6.2 "
+flags.DEFINE_integer("ramp_steps", None, "Curriculum: steps over which the longest length grows (default: protocol §6.2 "
                      "per task, 6000 parity/mod 3, 10000 arithmetic).")
-flags.DEFINE_integer("hold_steps", 0, "Curriculum: steps at --l_max0 before the ramp starts (0 = SPEC 6.2).")
+flags.DEFINE_integer("hold_steps", 0, "Curriculum: steps at --l_max0 before the ramp starts (0 = protocol §6.2).")
 flags.DEFINE_integer("len_quantum", 32, "Training batches are padded to the smallest multiple of this that holds "
                      "the curriculum's longest length (one compilation per width; 0 = always --l_max1).")
 flags.DEFINE_bool("len_buckets", False, "Each training batch draws one bucket of --len_quantum lengths and is "

@@ -1,13 +1,13 @@
-"""Program `p2_state_tracking`: P2's Table 2 for one task (SPEC §6) — every transition, an LR sweep each.
+"""Program `p2_state_tracking`: P2's Table 2 for one task (protocol §6) — every transition, an LR sweep each.
 
 For each model of Table 2 (Mamba-2; Mamba-3 without rotation, with static rotation; the
 overdamped and critical companion-form cores; the underdamped row = native Mamba-3, and the
-underdamped companion-form core as a like-for-like check, SPEC §1.5) it trains the learning-rate
+underdamped companion-form core as a like-for-like check, protocol §1.5) it trains the learning-rate
 grid as one vmapped sweep on the length curriculum of §6.2, picks the learning rate with the best
 validation accuracy (fixed sequences of the test length, their own seed), and measures answer
 accuracy and scaled accuracy on a separate test set at each test length (224 and 256; odd lengths
 for arithmetic: 223 and 255). For parity and mod 3 it reads the phase code of the trained
-native Mamba-3 (SPEC §6.3, Fig 5): the per-symbol phase increments dt * theta of every
+native Mamba-3 (protocol §6.3, Fig 5): the per-symbol phase increments dt * theta of every
 (head, pair) of layer 0, and the pair that best separates the symbols (input 0 -> 0 degrees,
 input 1 -> 360/m degrees).
 
@@ -49,7 +49,7 @@ MODELS = {
     "underdamped_companion": "damped_under",
 }
 TABLE_MODELS = ("mamba2", "m3_norot", "m3_static", "overdamped", "critical", "underdamped")
-LAYERS = {"parity": 1, "mod3": 1, "arith": 3}  # SPEC §6.2
+LAYERS = {"parity": 1, "mod3": 1, "arith": 3}  # protocol §6.2
 VAL_SEED, TEST_SEED = 7_000_001, 9_000_001   # evaluation sets: their own seeds, never a training key
 EVAL_CHUNK = 512                             # sequences per evaluation batch
 

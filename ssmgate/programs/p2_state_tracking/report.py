@@ -30,7 +30,7 @@ MODEL_NAMES = {
     "overdamped": "overdamped", "critical": "critical", "underdamped": "underdamped (Mamba-3)",
     "underdamped_companion": "underdamped (companion form)",
 }
-PAPER_TABLE2 = {  # scaled accuracy (%) at length 224, SPEC §6.3 [P2n]
+PAPER_TABLE2 = {  # scaled accuracy (%) at length 224, protocol §6.3 [P2n]
     "mamba2": (3.91, 0.04, 36.76), "m3_norot": (3.03, 0.78, 48.95), "m3_static": (4.05, 0.85, 25.49),
     "overdamped": (3.27, 0.58, 81.60), "critical": (3.22, 0.32, 1.97), "underdamped": (100.00, 95.26, 95.68),
 }
@@ -169,11 +169,11 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
     lr_rows = [[MODEL_NAMES[m], *[entry["chosen_lr"][m].get(t) for t in TASKS]] for m in entry["chosen_lr"]]
     lines += ["Chosen learning rates:", "", table(["model", "Parity", "Mod 3", "Arithmetic"], lr_rows)]
     if plot_phase_code(runs, figure_dir / "p2_phase_code.png"):
-        lines += ["Phase code of the trained native Mamba-3 (SPEC §6.3; paper Fig 5): every (head, pair)'s "
+        lines += ["Phase code of the trained native Mamba-3 (protocol §6.3; paper Fig 5): every (head, pair)'s "
                   "mean phase step per input symbol; the circled pair is the one closest to the ideal code.", "",
                   "![phase code](figures/p2_phase_code.png)", ""]
     plot_spectra(figure_dir / "p2_spectra.png")
-    lines += ["Frozen-transition spectra of six linear-attention families (SPEC §1.7, random draws; "
+    lines += ["Frozen-transition spectra of six linear-attention families (protocol §1.7, random draws; "
               "ssmgate.theory.oscillation):", "", "![spectra](figures/p2_spectra.png)", "",
               "Checks:", "", checks_table(entry["checks"])]
     if timed:
