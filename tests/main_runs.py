@@ -10,7 +10,6 @@ are killed or need their own devices keep their own processes.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,10 +60,10 @@ def dry_run_flag_files(paths: Sequence[Path]) -> dict[str, Result]:
     """`--dry_run` of each flag file (absolute or relative to the repository), keyed by str(path). The
     files share children by the --cpu_devices they set (none is a group too): the device count is
     fixed when JAX starts, so a child serves one count."""
+    from ssmgate.reproduce import read_flags  # expands the files a flag file includes
     groups: dict[str | None, list] = {}
     for p in paths:
-        count = re.search(r"^--cpu_devices=(\d+)", (REPO / p).read_text(), re.MULTILINE)
-        groups.setdefault(count and count.group(1), []).append(p)
+        groups.setdefault(read_flags(REPO / p).get("cpu_devices"), []).append(p)
     out = {}
     for group in groups.values():
         out.update(zip(map(str, group), run_many([[f"--flagfile={p}", "--dry_run"] for p in group])))
