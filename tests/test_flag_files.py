@@ -14,16 +14,6 @@ EXPERIMENTS = REPO / "experiments"
 FLAG_FILES = sorted(EXPERIMENTS.rglob("*.flags"))
 SCALED = sorted(p for p in EXPERIMENTS.glob("p*/*/*.flags") if p.parent.name in ("cpu", "quick"))
 
-# Scaled runs that cannot start from their paper file: absl has no way to unset a flag, and these
-# flags, set by the paper chain, must keep their defaults (None: no preset, no token cache, ...) at
-# the smaller scales. Each entry names them, so the exemption ends when its cause does.
-SELF_CONTAINED = {
-    "lm_rope0": ("preset", "max_valid_tokens", "token_cache_dir"),
-    "lm_rope05": ("preset", "max_valid_tokens", "token_cache_dir"),
-    "tools_pretrain": ("preset", "max_valid_tokens", "max_eval_books", "token_cache_dir"),
-    "tools_sft": ("preset", "mesh_params"),
-}
-
 DATE = re.compile(r"\b(?:19|20)\d\d-\d\d-\d\d\b")
 WALL_TIME = re.compile(r"\bwall[- ]?times?\b", re.IGNORECASE)
 DURATION = re.compile(r"\b\d[\d,]*(?:\.\d+)?\s*(?:s|secs?|seconds?|mins?|minutes?|h|hrs?|hours?)\b", re.IGNORECASE)
@@ -110,11 +100,8 @@ def test_scaled_file_builds_on_its_paper_file(path):
         differs = {k: (v, mine.get(k)) for k, v in lines(paper) if k != "flagfile" and mine.get(k) != v}
         assert not differs, f"{rel(path)} does not set what {rel(paper)} adds to its seed-0 file: {differs}"
         return
-    assert path.stem in SELF_CONTAINED, f"{rel(path)} does not include {rel(paper)}"
-    mine, ref = expand(path), expand(paper)
-    stale = [k for k in SELF_CONTAINED[path.stem] if k not in ref or k in mine]
-    assert not stale, (f"{rel(path)} is self-contained because of {stale}, which {rel(paper)} no longer sets or "
-                       f"this file sets itself: it can include {rel(paper)}")
+    raise AssertionError(f"{rel(path)} does not include {rel(paper)} (a flag it must not inherit is reset by "
+                         "its empty or default value: --preset=, --token_cache_dir=, --max_valid_tokens=0)")
 
 
 @pytest.mark.parametrize("path", SCALED, ids=rel)

@@ -46,7 +46,7 @@ _in("gate_offset", flags.DEFINE_string, "gate_offset", "0", "Gate offset delta (
     "initialisation): one value or a grid ('-6,-2,0,2'), one replica each; an item 'ln:s' is the offset of "
     "P1's gate scale s (delta = ln s).")
 _in("model", flags.DEFINE_string, "preset", None, "A named model of ssmgate.models.presets; model flags override "
-    "its fields.")
+    "its fields; empty: none (how a scale's flag file drops the preset of the paper file it includes).")
 GROUPS["model"] += dataclass_flags.define(ModelCfg, skip=("a_log_offset",))
 GROUPS["optim"] = dataclass_flags.define(optim.OptimCfg, prefix="opt_", skip=("lr", "total_steps"))
 _in("optim", flags.DEFINE_integer, "schedule_steps", 0, "Steps of the learning-rate schedule (warmup, then cosine "
@@ -86,14 +86,19 @@ def require(name: str, program: str):
     return FLAGS[name].value
 
 
+def preset() -> str | None:
+    """--preset, None when not given or empty."""
+    return FLAGS.preset or None
+
+
 def model_cfg(base: ModelCfg | None = None) -> ModelCfg:
     """`base` (or the `--preset`, or ModelCfg's defaults) with the model flags applied."""
     if base is None:
         base = ModelCfg()
-        if FLAGS.preset is not None:
-            if FLAGS.preset not in presets.PRESETS:
+        if preset() is not None:
+            if preset() not in presets.PRESETS:
                 raise ConfigError(f"--preset={FLAGS.preset}: expected one of {', '.join(sorted(presets.PRESETS))}")
-            base = presets.PRESETS[FLAGS.preset]
+            base = presets.PRESETS[preset()]
     return dataclass_flags.build(ModelCfg, base, skip=("a_log_offset",))
 
 

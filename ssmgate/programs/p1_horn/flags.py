@@ -66,7 +66,7 @@ def config_from_flags() -> p1_horn.HornRunCfg:
         mesh=tf.mesh_cfg(), lr=lr, offsets=tuple(offsets), seeds=FLAGS.seeds, seed=FLAGS.seed,
         eval_n=FLAGS.eval_n, probe_n=FLAGS.horn_probe_n, probe_k=FLAGS.horn_probe_k, lengen_ks=lengen_ks,
         lengen_eval_n=FLAGS.lengen_eval_n, early_frac=FLAGS.horn_early_frac, gate_prompts=FLAGS.horn_gate_prompts,
-        escape_thr=FLAGS.escape_thr, stop_thr=FLAGS.stop_thr, preset=FLAGS.preset)
+        escape_thr=FLAGS.escape_thr, stop_thr=FLAGS.stop_thr, preset=tf.preset())
     return cfg.validate()
 
 

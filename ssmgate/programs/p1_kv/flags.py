@@ -58,7 +58,7 @@ def config_from_flags() -> p1_kv.KVRunCfg:
         n_buckets=FLAGS.kv_buckets, eval_n=FLAGS.eval_n, lengen_ns=_ints("lengen_ns"),
         lengen_eval_n=FLAGS.lengen_eval_n,
         escape_thr=_or(FLAGS.escape_thr, ESCAPE_THR), stop_thr=_or(FLAGS.stop_thr, STOP_THR),
-        preset=FLAGS.preset)
+        preset=tf.preset())
     return cfg.validate()
 
 

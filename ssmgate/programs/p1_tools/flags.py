@@ -50,7 +50,7 @@ def config_from_flags() -> p1_tools.P1ToolsCfg:
     cfg = p1_tools.P1ToolsCfg(model=tf.model_cfg(), optim=tf.optim_cfg(lr, steps), tools=tools,
                               loop=tf.loop_cfg(steps, name="p1_tools"), mesh=tf.mesh_cfg(),
                               gate_offsets=tf.gate_offsets(), init_run=FLAGS.init_run, seed=FLAGS.seed,
-                              preset=FLAGS.preset)
+                              preset=tf.preset())
     return cfg.validate()
 
 

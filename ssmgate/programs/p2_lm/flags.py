@@ -24,11 +24,11 @@ flags.DEFINE_enum("eval_split", _T.eval_split, text_corpus.SPLITS, "Split of the
 flags.DEFINE_string("tfds_data_dir", None, "data_dir of prepared TFDS datasets (default: TFDS's).")
 flags.DEFINE_string("text_key", _T.text_key, "Text feature of TFDS corpora that do not name one (tfds:<name>#<feature>).")
 flags.DEFINE_integer("eval_batch", _T.eval_batch, "Validation rows per forward pass.")
-flags.DEFINE_integer("max_train_tokens", None, "Cut the training token stream here (default: all of it).")
-flags.DEFINE_integer("max_valid_tokens", None, "Cut the validation token stream here (protocol §7.1: a 50M-token slice).")
-flags.DEFINE_integer("max_eval_books", None, "Use only the first N long-context books.")
+flags.DEFINE_integer("max_train_tokens", None, "Cut the training token stream here (default or 0: all of it).")
+flags.DEFINE_integer("max_valid_tokens", None, "Cut the validation token stream here (protocol §7.1: a 50M-token slice; default or 0: all).")
+flags.DEFINE_integer("max_eval_books", None, "Use only the first N long-context books (default or 0: all).")
 flags.DEFINE_string("token_cache_dir", None, "Keep the training split's token shards and the validation stream here "
-                    "(default: tokenize every run).")
+                    "(default or empty: tokenize every run).")
 flags.DEFINE_list("lm_windows", [str(c) for c in _E.windows], "Window sizes C of the protocol §7.2 evaluation.")
 flags.DEFINE_integer("score_last", _E.score_last, "Tokens scored at the end of each window (protocol §7.2: 100).")
 flags.DEFINE_integer("piece_len", _E.piece_len, "Tokens per forward piece of a window (the state carries over).")
@@ -77,8 +77,8 @@ def config_from_flags() -> p2_lm.P2LMCfg:
     text = p2_lm.TextCfg(corpus=FLAGS.corpus, eval_corpus=FLAGS.eval_corpus, eval_split=FLAGS.eval_split,
                          tokenizer=FLAGS.tokenizer, tfds_data_dir=FLAGS.tfds_data_dir, text_key=FLAGS.text_key,
                          seq_len=FLAGS.seq_len, batch=batch, eval_batch=FLAGS.eval_batch,
-                         max_train_tokens=FLAGS.max_train_tokens, max_valid_tokens=FLAGS.max_valid_tokens,
-                         max_eval_books=FLAGS.max_eval_books, cache_dir=FLAGS.token_cache_dir)
+                         max_train_tokens=FLAGS.max_train_tokens or None, max_valid_tokens=FLAGS.max_valid_tokens or None,
+                         max_eval_books=FLAGS.max_eval_books or None, cache_dir=FLAGS.token_cache_dir or None)
     long_eval = LongEvalCfg(windows=_ints("lm_windows"), score_last=FLAGS.score_last, piece_len=FLAGS.piece_len,
                             batch=FLAGS.window_batch, interventions=tuple(FLAGS.lm_interventions),
                             bc_window=FLAGS.bc_window or None, heatmap_window=FLAGS.heatmap_window or None,
@@ -89,7 +89,7 @@ def config_from_flags() -> p2_lm.P2LMCfg:
     model, gate = (_official(official, long_eval) if official else (tf.model_cfg(), None))
     cfg = p2_lm.P2LMCfg(model=model, optim=tf.optim_cfg(lr, steps or 1), text=text, long_eval=long_eval,
                         loop=None if official else tf.loop_cfg(steps, name="p2_lm"), mesh=tf.mesh_cfg(),
-                        seed=FLAGS.seed, variant=FLAGS.variant, preset=FLAGS.preset, init_official=official,
+                        seed=FLAGS.seed, variant=FLAGS.variant, preset=tf.preset(), init_official=official,
                         official_gate=gate)
     return cfg.validate()
 
@@ -101,7 +101,7 @@ def _dry_run() -> bool:
 def _official(path: str, long_eval: LongEvalCfg):
     """The model of --init_official (its config.json, the model flags given checked against it) and
     the native-PPL gate. A dry run without the checkpoint shows the model flags instead."""
-    if FLAGS.preset is not None:
+    if tf.preset() is not None:
         raise ConfigError(f"--preset={FLAGS.preset} with --init_official: the checkpoint's config.json gives the "
                           "model; expected no --preset")
     window = FLAGS.official_ppl_window or long_eval.validate().windows[0]
@@ -112,7 +112,7 @@ def _official(path: str, long_eval: LongEvalCfg):
         raise ConfigError("--init_official needs --official_ppl: the published native PPL at window "
                           f"{window} (--official_ppl_window), which the converted checkpoint must reproduce "
                           "before any intervention is measured")
-    given = dataclass_flags.overrides(ModelCfg)
+    given = dataclass_flags.overrides(ModelCfg, skip=("a_log_offset",))
     if cv.read_config(path) is None:
         if _dry_run():
             return tf.model_cfg(), gate

@@ -37,7 +37,7 @@ def config_from_flags() -> train_lm.TrainLMCfg:
     stop = sweep.StopRule(FLAGS.stop_metric, FLAGS.escape_thr, FLAGS.stop_thr)
     cfg = train_lm.TrainLMCfg(model=model, optim=tf.optim_cfg(lrs[0], steps), task=task, loop=tf.loop_cfg(steps),
                               mesh=tf.mesh_cfg(), replicas=replicas, stop=stop, eval_batches=FLAGS.eval_batches,
-                              preset=FLAGS.preset, force_sweep=FLAGS.sweep)
+                              preset=tf.preset(), force_sweep=FLAGS.sweep)
     return cfg.validate()
 
 
