@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from einops import rearrange
 
 from ssmgate.cores._ssd import chunk_time, chunked_ssd
 
@@ -50,12 +51,9 @@ def chunked_pairs(xs_bthp, m, B_bthk, C_bthk, h0_bhpk, chunk: int, xdiag_bthp=No
     per-head B and C), M_t from the entries m (each (b, t, h, r)). xdiag adds (C_t . B_t) xdiag_t.
     Returns y (b, t, h, p) and the final state (b, h, p, k)."""
     b, t, h, p = xs_bthp.shape
-    k = B_bthk.shape[-1]
-    r, q = k // 2, chunk
+    q = chunk
     xs = chunk_time(xs_bthp, q)                                   # (b, c, q, h, p)
-    nc = xs.shape[1]
-    Bp = chunk_time(B_bthk, q).reshape(b, nc, q, h, r, 2)
-    Cp = chunk_time(C_bthk, q).reshape(b, nc, q, h, r, 2)
+    Bp, Cp = (rearrange(chunk_time(v, q), "b c q h (r i) -> b c q h r i", i=2) for v in (B_bthk, C_bthk))
     phi = _transports(_pad_identity(m, q), q)                     # (b, c, h, r, q_t, q + 1, 2, 2)
 
     # Intra-chunk kernel K[t, s] = sum_i C_t,i^T Phi_i(t, s) B_s,i.
@@ -66,7 +64,7 @@ def chunked_pairs(xs_bthp, m, B_bthk, C_bthk, h0_bhpk, chunk: int, xdiag_bthp=No
     # Each chunk's contribution to the state at its end, and the transport across the chunk.
     states = jnp.einsum("bchrsi,bcshp->bchrip", PB[..., q - 1, :, :], xs)
     across = phi[..., q - 1, 0, :, :]                              # (b, c, h, r, 2, 2)
-    h0 = jnp.moveaxis(h0_bhpk.reshape(b, h, p, r, 2), 2, -1)       # (b, h, r, 2, p)
+    h0 = rearrange(h0_bhpk, "b h p (r i) -> b h r i p", i=2)
 
     def carry_state(state, inputs):
         across_c, s_c = inputs
@@ -81,8 +79,8 @@ def chunked_pairs(xs_bthp, m, B_bthk, C_bthk, h0_bhpk, chunk: int, xdiag_bthp=No
     if xdiag_bthp is not None:
         cb_diag = jnp.sum(Cp * Bp, axis=(-2, -1))                  # (b, c, q, h)
         y = y + cb_diag[..., None] * chunk_time(xdiag_bthp, q)
-    y = y.reshape(b, nc * q, h, p)[:, :t]
-    return y, jnp.moveaxis(final, -1, 2).reshape(b, h, p, k)
+    y = rearrange(y, "b c q h p -> b (c q) h p")[:, :t]
+    return y, rearrange(final, "b h r i p -> b h p (r i)")
 
 
 def chunked_damped(xs_bthp, m, logdecay_bth, B_bthn, C_bthn, B_grouped, C_grouped, h0_bhpn, chunk: int,

@@ -10,6 +10,7 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+from einops import rearrange
 
 
 def expand_groups(arr, h: int):
@@ -63,7 +64,7 @@ def chunk_time(arr, chunk: int):
     chunked forms keep padding inert: log-decay 0 and no write)."""
     t = arr.shape[1]
     nc = -(-t // chunk)
-    return pad_axis(arr, 1, nc * chunk).reshape(arr.shape[0], nc, chunk, *arr.shape[2:])
+    return rearrange(pad_axis(arr, 1, nc * chunk), "b (c q) ... -> b c q ...", c=nc, q=chunk)
 
 
 def segment_decays(logdecay_bcqh):
@@ -120,7 +121,6 @@ def chunked_ssd(xs_bthp, logdecay_bth, blocks: Sequence[tuple], h0_bhpn, chunk: 
     b, t, h, p = xs_bthp.shape
     q = chunk
     xs = chunk_time(xs_bthp, q)
-    nc = xs.shape[1]
     blocks = [(chunk_time(B, q), chunk_time(C, q)) for B, C in blocks]
     cum_bcqh, decay_bchqs, to_end_bcqh = segment_decays(chunk_time(logdecay_bth, q))
 
@@ -135,9 +135,9 @@ def chunked_ssd(xs_bthp, logdecay_bth, blocks: Sequence[tuple], h0_bhpn, chunk: 
     states = []
     for B, _ in blocks:
         G = B.shape[3]
-        xw_g = xw.reshape(b, nc, q, G, h // G, p)
+        xw_g = rearrange(xw, "b c s (g j) p -> b c s g j p", g=G)
         s = jnp.einsum("bcsgjp,bcsgn->bcgjpn", xw_g, B)
-        states.append(s.reshape(b, nc, h, p, B.shape[4]))
+        states.append(rearrange(s, "b c g j p n -> b c (g j) p n"))
     chunk_states = states[0] if len(states) == 1 else jnp.concatenate(states, axis=-1)
 
     final, starts = carry_chunk_states(chunk_states, cum_bcqh, h0_bhpn)
@@ -146,8 +146,8 @@ def chunked_ssd(xs_bthp, logdecay_bth, blocks: Sequence[tuple], h0_bhpn, chunk: 
     offset = 0
     for B, C in blocks:
         G, nk = C.shape[3], C.shape[4]
-        s_k = starts[..., offset:offset + nk].reshape(b, nc, G, h // G, p, nk)
-        y_inter = y_inter + jnp.einsum("bcqgn,bcgjpn->bcqgjp", C, s_k).reshape(b, nc, q, h, p)
+        s_k = rearrange(starts[..., offset:offset + nk], "b c (g j) p n -> b c g j p n", g=G)
+        y_inter = y_inter + rearrange(jnp.einsum("bcqgn,bcgjpn->bcqgjp", C, s_k), "b c q g j p -> b c q (g j) p")
         offset += nk
     y = y + y_inter * jnp.exp(cum_bcqh)[..., None]
 
@@ -155,5 +155,5 @@ def chunked_ssd(xs_bthp, logdecay_bth, blocks: Sequence[tuple], h0_bhpn, chunk: 
         xdiag = chunk_time(xdiag_bthp, q)
         cb_diag_bcqh = jnp.swapaxes(jnp.diagonal(cb_bchqs, axis1=-2, axis2=-1), 2, 3)
         y = y + cb_diag_bcqh[..., None] * xdiag
-    y = y.reshape(b, nc * q, h, p)[:, :t]
+    y = rearrange(y, "b c q h p -> b (c q) h p")[:, :t]
     return y, final

@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from einops import rearrange
 
 from ssmgate.cores import _checks, _finite, auto
 from ssmgate.cores._ssd import associative_states, carry_chunk_states, chunk_time, per_token, segment_decays
@@ -212,7 +213,6 @@ def chunked_mimo(xs_bthRp, logdecay_bth, blocks, h0_bhpn, chunk: int, xdiag_bthR
     b, t, h, R, p = xs_bthRp.shape
     q = chunk
     xs = chunk_time(xs_bthRp, q)
-    nc = xs.shape[1]
     blocks = [(chunk_time(B, q), chunk_time(C, q)) for B, C in blocks]
     cum_bcqh, decay_bchqs, to_end_bcqh = segment_decays(chunk_time(logdecay_bth, q))
 
@@ -228,9 +228,9 @@ def chunked_mimo(xs_bthRp, logdecay_bth, blocks, h0_bhpn, chunk: int, xdiag_bthR
     states = []
     for B, _ in blocks:
         G = B.shape[3]
-        xw_g = xw.reshape(b, nc, q, G, h // G, R, p)
+        xw_g = rearrange(xw, "b c s (g i) k p -> b c s g i k p", g=G)
         s = jnp.einsum("bcsgikp,bcsgkn->bcgipn", xw_g, B)
-        states.append(s.reshape(b, nc, h, p, B.shape[-1]))
+        states.append(rearrange(s, "b c g i p n -> b c (g i) p n"))
     chunk_states = states[0] if len(states) == 1 else jnp.concatenate(states, axis=-1)
 
     final, starts = carry_chunk_states(chunk_states, cum_bcqh, h0_bhpn)
@@ -239,8 +239,8 @@ def chunked_mimo(xs_bthRp, logdecay_bth, blocks, h0_bhpn, chunk: int, xdiag_bthR
     offset = 0
     for B, C in blocks:
         G, nk = C.shape[3], C.shape[-1]
-        s_k = starts[..., offset:offset + nk].reshape(b, nc, G, h // G, p, nk)
-        y_inter = y_inter + jnp.einsum("bcqgkn,bcgipn->bcqgikp", C, s_k).reshape(b, nc, q, h, R, p)
+        s_k = rearrange(starts[..., offset:offset + nk], "b c (g i) p n -> b c g i p n", g=G)
+        y_inter = y_inter + rearrange(jnp.einsum("bcqgkn,bcgipn->bcqgikp", C, s_k), "b c q g i k p -> b c q (g i) k p")
         offset += nk
     y = y + y_inter * jnp.exp(cum_bcqh)[..., None, None]
 
@@ -248,7 +248,7 @@ def chunked_mimo(xs_bthRp, logdecay_bth, blocks, h0_bhpn, chunk: int, xdiag_bthR
         xdiag = chunk_time(xdiag_bthRp, q)
         cb_diag_bchkjq = jnp.diagonal(cb_bchqksj, axis1=3, axis2=5)  # same token: (k, j) block
         y = y + jnp.einsum("bchkjq,bcqhjp->bcqhkp", cb_diag_bchkjq, xdiag)
-    y = y.reshape(b, nc * q, h, R, p)[:, :t]
+    y = rearrange(y, "b c q h k p -> b (c q) h k p")[:, :t]
     return y, final
 
 

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from einops import rearrange
 
 # GPT-NeoX and Llama both initialise their projections N(0, 0.02).
 proj_init = nn.initializers.normal(0.02)
@@ -129,7 +130,7 @@ class SelfAttention(nn.Module):
                             kernel_init=proj_init, name=name)
 
         def heads(name):
-            return proj(name)(x_btd).reshape(b, t, self.n_heads, head_dim)
+            return rearrange(proj(name)(x_btd), "b t (h k) -> b t h k", h=self.n_heads)
 
         q_bthk, k_bthk, v_bthk = heads("query"), heads("key"), heads("value")
         start = jnp.zeros((), jnp.int32) if cache is None else cache.length
@@ -151,5 +152,5 @@ class SelfAttention(nn.Module):
             y_bthk = causal_attention(q_bthk, k_buhk.astype(self.dtype), v_buhk.astype(self.dtype),
                                       cache.length, cache.length + t)
             new_cache = KVCache(k_buhk, v_buhk, cache.length + t)
-        y_btd = proj("out")(y_bthk.reshape(b, t, d))
+        y_btd = proj("out")(rearrange(y_bthk, "b t h k -> b t (h k)"))
         return y_btd, new_cache

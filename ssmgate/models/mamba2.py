@@ -27,6 +27,7 @@ from typing import NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from einops import rearrange
 
 from ssmgate.cores import scalar_decay
 from ssmgate.models import gates
@@ -48,7 +49,6 @@ class Mamba2Mixer(nn.Module):
     def __call__(self, u_btd, cache: Mamba2Cache | None = None):
         cfg = self.cfg.validate()
         cdt = jnp.dtype(cfg.dtype)
-        b, t, _ = u_btd.shape
         h, p, g, n, d_inner = cfg.n_ssm_heads, cfg.headdim, cfg.n_groups, cfg.d_state, cfg.d_inner
 
         zxbcdt = dense(2 * d_inner + 2 * g * n + h, cdt, "in_proj")(u_btd.astype(cdt))
@@ -62,12 +62,13 @@ class Mamba2Mixer(nn.Module):
         dt_bias = self.param("dt_bias", lambda key: gates.dt_bias_init(cfg, key))
         D = self.param("D", nn.initializers.ones, (h,), jnp.float32)
         dt_bth = jax.nn.softplus(dt_raw.astype(jnp.float32) + dt_bias)
+        B_btgn, C_btgn = (rearrange(v, "b t (g n) -> b t g n", g=g, n=n) for v in (B, C))
         y_bthp, ssm_state = scalar_decay(
-            x.reshape(b, t, h, p), dt_bth, -jnp.exp(A_log), B.reshape(b, t, g, n), C.reshape(b, t, g, n), D,
+            rearrange(x, "b t (h p) -> b t h p", h=h, p=p), dt_bth, -jnp.exp(A_log), B_btgn, C_btgn, D,
             initial_state=None if cache is None else cache.ssm,
             algorithm=cfg.algorithm, chunk_size=cfg.chunk_size)
 
         y = GatedRMSNorm(cfg.norm_eps, group_size=d_inner // g, dtype=cdt, name="norm")(
-            y_bthp.reshape(b, t, d_inner), z)
+            rearrange(y_bthp, "b t h p -> b t (h p)"), z)
         out = dense(cfg.d_model, cdt, "out_proj")(y)
         return out, Mamba2Cache(conv_cache, ssm_state)

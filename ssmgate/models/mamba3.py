@@ -62,6 +62,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from einops import rearrange
 
 from ssmgate.cores import damped, rotation, rotation_mimo
 from ssmgate.models import gates
@@ -116,10 +117,9 @@ class Mamba3Mixer(nn.Module):
         self.sow("intermediates", "decay", jnp.exp(-dt_bth * rate_bth))  # alpha_t per head (state diagnostics)
         trap_bth = jax.nn.sigmoid(trap_raw.astype(jnp.float32))
         D = self.param("D", nn.initializers.ones, (h,), jnp.float32)
-        B_bthRn = self._bc(B, "B", b, t, g, R, n, h)
-        C_bthRn = self._bc(C, "C", b, t, g, R, n, h)
-        x_bthp = x.reshape(b, t, h, p)
-        z_bthp = z.reshape(b, t, h, p)
+        B_bthRn = self._bc(B, "B", g, R, n, h)
+        C_bthRn = self._bc(C, "C", g, R, n, h)
+        x_bthp, z_bthp = (rearrange(v, "b t (h p) -> b t h p", h=h, p=p) for v in (x, z))
 
         if tr in DAMPED:
             nu = jnp.broadcast_to((jnp.pi * jnp.tanh(ang.astype(jnp.float32)))[:, :, None, :], (b, t, h, r))
@@ -139,13 +139,14 @@ class Mamba3Mixer(nn.Module):
             else:
                 y, state = rotation(x_bthp, dt_bth, -rate_bth, B_bthRn[:, :, :, 0], C_bthRn[:, :, :, 0], theta, D, **kw)
                 gated = self._out_norm(y, h, p) * jax.nn.silu(z_bthp)
-        out = dense(cfg.d_model, cdt, "out_proj")(gated.astype(cdt).reshape(b, t, d_inner))
+        out = dense(cfg.d_model, cdt, "out_proj")(rearrange(gated.astype(cdt), "b t h p -> b t (h p)"))
         return out, state
 
-    def _bc(self, v, name, b, t, g, R, n, h):
+    def _bc(self, v, name, g, R, n, h):
         """(b, t, R G N) in the official (r g n) order -> RMSNorm over N -> per-head bias:
         (b, t, H, R, N) float32 (the bias makes B, C per head, so the core sees g = H)."""
-        v = RMSNorm(self.cfg.norm_eps, dtype=jnp.float32, name=f"{name}_norm")(v.reshape(b, t, R, g, n))
+        v = RMSNorm(self.cfg.norm_eps, dtype=jnp.float32, name=f"{name}_norm")(
+            rearrange(v, "b t (R g n) -> b t R g n", R=R, g=g, n=n))
         v = jnp.repeat(jnp.swapaxes(v, 2, 3), h // g, axis=2)  # (b, t, H, R, N)
         bias = self.param(f"{name}_bias", nn.initializers.ones, (h, R, n), jnp.float32)
         return v + bias
