@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -142,7 +143,7 @@ def time_slice(inp, lo, hi, init):
 @pytest.mark.parametrize("algorithm", ALGS)
 def test_matches_reference(algorithm, case):
     got = run(case_inputs(case), algorithm, case)
-    assert got[0].shape == (case.b, case.t, case.h, case.R, case.p)
+    chex.assert_shape(got[0], (case.b, case.t, case.h, case.R, case.p))
     assert_close(got, case_reference(case), checks.REF_TOL, f"{algorithm} on {case.name} vs float64 reference")
 
 
@@ -321,9 +322,7 @@ def test_auto_uses_measured_choices(monkeypatch, rng):
     np.testing.assert_array_equal(np.asarray(y_auto), np.asarray(runner("sequential")(inp)[0]))
     g_auto, _ = jax.jit(jax.grad(functools.partial(_loss, "auto", None), has_aux=True))(inp, proj)
     g_chunk, _ = grad_runner("chunked", FULL.chunk)(inp, proj)
-    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(g_auto)[0], jax.tree.leaves(g_chunk)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6,
-                                   err_msg=jax.tree_util.keystr(path))
+    chex.assert_trees_all_close(g_auto, g_chunk, rtol=1e-6, atol=1e-6)  # names the leaf that differs
 
 
 # ----------------------------------------------------------------------------- errors

@@ -1,5 +1,6 @@
 """rotation (SPEC 1.3, Mamba-3 SISO): the RoPE-trick identities of SPEC 1.3.1, the trapezoid's
 limits and long sequences. The properties it shares with scalar_decay are in test_recurrences.py."""
+import chex
 import numpy as np
 import pytest
 
@@ -62,7 +63,7 @@ def test_no_pairs_equals_zero_angles_exactly(algorithm):
     case = cm.PLAIN
     y0, s0 = cm.run(CORE, _zero_angle_inputs(0), algorithm, case)
     yz, sz = cm.run(CORE, _zero_angle_inputs(case.r), algorithm, case)
-    assert s0.phase.shape == (case.b, case.h, 0)
+    chex.assert_shape(s0.phase, (case.b, case.h, 0))
     if algorithm == "chunked":
         assert cm.rel_err(y0, yz) <= CHUNKED_SPLIT_TOL
         for name in ("h", "B_prev", "x_prev"):

@@ -1,6 +1,7 @@
 """Mamba-2 gate initialisation, edits and statistics (ssmgate/models/gates.py)."""
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -85,8 +86,7 @@ def test_scale_gates_adds_log_s_and_does_not_mutate():
         old = gates._get(params, path)
         np.testing.assert_allclose(gates._get(scaled, path), old + math.log(4.0), rtol=1e-6)
     # input untouched, other leaves carried over unchanged
-    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(before)):
-        np.testing.assert_array_equal(a, b)
+    chex.assert_trees_all_equal(params, before)
     assert scaled is not params and scaled["params"]["layers_0"] is not params["params"]["layers_0"]
     np.testing.assert_array_equal(scaled["params"]["layers_1"]["mixer"]["dt_bias"],
                                   params["params"]["layers_1"]["mixer"]["dt_bias"])

@@ -3,6 +3,7 @@
 Each block is held against a float64 numpy loop of its docstring's equations; streaming (a split run
 with the cache) against one run; the transitions against each other where they must coincide.
 """
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -266,8 +267,7 @@ def test_split_run_with_cache_equals_whole_run(block, kw):
         y, cache = apply(params, u[:, lo:hi], cache)
         ys.append(y)
     np.testing.assert_allclose(jnp.concatenate(ys, 1), whole, rtol=1e-4, atol=1e-5)
-    for a, b in zip(jax.tree.leaves(cache), jax.tree.leaves(final)):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    chex.assert_trees_all_close(cache, final, rtol=1e-4, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------ transitions
@@ -398,7 +398,7 @@ def test_mamba3_sows_the_per_token_phase_increment():
     params = mixer.init(jax.random.PRNGKey(0), u)["params"]
     (_, state), inter = mixer.apply({"params": params}, u, mutable=["intermediates"])
     inc = inter["intermediates"]["phase_increment"][0]
-    assert inc.shape == (2, 5, cfg.n_ssm_heads, cfg.n_rot_pairs)
+    chex.assert_shape(inc, (2, 5, cfg.n_ssm_heads, cfg.n_rot_pairs))
     assert float(jnp.abs(inc).max()) <= jnp.pi * 0.2  # |dt * pi tanh| with dt <= ~0.1 at init
     # the core's final phase is the sum of the sowed increments mod 2 pi
     assert jnp.allclose(jnp.mod(inc.sum(axis=1), 2 * jnp.pi), state.phase, atol=1e-5)

@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 from typing import NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,9 +69,7 @@ def test_round_trip_with_optax_state_and_typed_key(tmp_path):
         step, got, meta = ckpt.restore(abstract(state), expect_fingerprint="abc")
     assert step == 5 and meta == {"fingerprint": "abc", "flags": {"lr": 0.1, "dims": [1, 2]}}
     assert isinstance(got, State) and jax.tree.structure(got) == jax.tree.structure(state)
-    for a, b in zip(jax.tree.leaves(got._replace(rng=None)), jax.tree.leaves(state._replace(rng=None))):
-        assert a.dtype == b.dtype
-        np.testing.assert_array_equal(a, b)
+    chex.assert_trees_all_equal(got._replace(rng=None), state._replace(rng=None), strict=True)  # dtypes too
     assert jax.dtypes.issubdtype(got.rng.dtype, jax.dtypes.prng_key)
     np.testing.assert_array_equal(jax.random.key_data(got.rng), jax.random.key_data(state.rng))
     # jax.eval_shape gives no shardings: those leaves land on the first device.

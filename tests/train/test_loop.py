@@ -2,6 +2,7 @@
 replicas against K separate runs."""
 import json
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -61,6 +62,11 @@ def records(path):
     return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
 
 
+def replica(tree, r):
+    """Replica r of a sweep's stacked pytree."""
+    return jax.tree.map(lambda a: a[r], tree)
+
+
 def test_planted_nan_stops_with_step_quantity_and_keeps_last_good_state(tmp_path):
     with pytest.raises(loop.TrainingDiverged) as err:
         run_single(tmp_path, nan_at=6)
@@ -69,7 +75,7 @@ def test_planted_nan_stops_with_step_quantity_and_keeps_last_good_state(tmp_path
     assert records(tmp_path)[-1] == {"step": 7, "kind": "error", "error": "step 7: the loss is not finite"}
     good = run_single(tmp_path / "ref", steps=6)  # the same run stopped before the NaN
     restored = loop.Checkpointer(tmp_path / "checkpoints").restore(jax.eval_shape(single()))[1]
-    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(restored.params), jax.tree.leaves(good.state.params)))
+    chex.assert_trees_all_equal(restored.params, good.state.params, strict=True)
 
 
 def test_resume_after_interruption_is_bit_identical_and_drops_later_metrics(tmp_path):
@@ -83,7 +89,7 @@ def test_resume_after_interruption_is_bit_identical_and_drops_later_metrics(tmp_
     (part / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     resumed = run_single(part)
     assert resumed.resumed_from == 8
-    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(resumed.state), jax.tree.leaves(full.state)))
+    chex.assert_trees_all_equal(resumed.state, full.state, strict=True)
     steps = [r["step"] for r in records(part) if r["kind"] == "train"]
     assert steps == [2, 4, 6, 8, 10, 12]  # step 10 was written once again after the resume, not twice
 
@@ -97,7 +103,7 @@ def test_corrupted_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
             f.write_bytes(b"garbage")
     resumed = run_single(part)
     assert resumed.resumed_from == 8
-    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(resumed.state), jax.tree.leaves(full.state)))
+    chex.assert_trees_all_equal(resumed.state, full.state, strict=True)
 
 
 def test_fingerprint_mismatch_refuses_to_resume(tmp_path):
@@ -121,8 +127,7 @@ def test_sweep_of_k_replicas_equals_k_separate_runs(tmp_path):
                       step_fn=vstep, batch_fn=batch_k, meta={}, fingerprint="s")
     for r, rep in enumerate(replicas):
         one = run_single(tmp_path / f"r{r}", seed=rep.seed, lr=rep.lr)
-        for a, b in zip(jax.tree.leaves(one.state.params), jax.tree.leaves(result.state.train.params)):
-            np.testing.assert_allclose(b[r], a, rtol=1e-5, atol=1e-7)
+        chex.assert_trees_all_close(replica(result.state.train.params, r), one.state.params, rtol=1e-5, atol=1e-7)
 
 
 def test_replica_vmap_runs_one_replica_unbatched_with_the_results_of_vmap():
@@ -144,8 +149,8 @@ def test_replica_vmap_runs_one_replica_unbatched_with_the_results_of_vmap():
         got = jax.jit(sweep.replica_vmap(fn, (0, None)))(p_k, x)
         want = jax.vmap(fn, (0, None))(p_k, x)
         assert np.asarray(got["vmapped"]).tolist() == [0.0 if k == 1 else 1.0] * k  # one replica runs unbatched
-        assert jax.tree.map(jnp.shape, got) == jax.tree.map(jnp.shape, want)
-        assert got["y"].shape == (k, 5, 2)
+        chex.assert_trees_all_equal_shapes(got, want)
+        chex.assert_shape(got["y"], (k, 5, 2))
         for name in ("y", "n"):
             np.testing.assert_allclose(got[name], want[name], rtol=1e-6)
     with pytest.raises(ValueError, match="2 arguments but in_axes"):
@@ -158,11 +163,10 @@ def test_sweep_of_one_replica_equals_the_single_run(tmp_path):
     vstep = jax.jit(sweep.sweep_step(make_train_step(loss_fn, TX)))
     for k in range(12):
         state, metrics = vstep(state, jax.tree.map(lambda a: a[None], batch_of(1, k)))
-    assert np.asarray(metrics["active"]).shape == (1,)
+    chex.assert_shape(metrics["active"], (1,))
     one = run_single(tmp_path / "r", seed=1, lr=3e-3)
-    for a, b in zip(jax.tree.leaves(one.state.params), jax.tree.leaves(state.train.params)):
-        assert b.shape == (1,) + a.shape
-        np.testing.assert_allclose(b[0], a, rtol=1e-5, atol=1e-7)
+    chex.assert_tree_shape_prefix(state.train.params, (1,))
+    chex.assert_trees_all_close(replica(state.train.params, 0), one.state.params, rtol=1e-5, atol=1e-7, strict=True)
 
 
 def test_sweep_freezes_a_diverged_replica_and_stops_replicas_by_rule():
@@ -174,9 +178,10 @@ def test_sweep_freezes_a_diverged_replica_and_stops_replicas_by_rule():
     new, _ = jax.jit(step)(state, batch)
     new, _ = jax.jit(step)(new, batch)  # the first step of the warmup has lr 0
     assert np.asarray(new.diverged).tolist() == [False, True] and np.asarray(new.active).tolist() == [True, False]
-    for a, b in zip(jax.tree.leaves(new.train.params), jax.tree.leaves(state.train.params)):
-        np.testing.assert_array_equal(a[1], b[1])  # the diverged replica keeps its last good state
-        assert not np.array_equal(a[0], b[0])
+    # the diverged replica keeps its last good state; the other one moved every parameter
+    chex.assert_trees_all_equal(replica(new.train.params, 1), replica(state.train.params, 1))
+    moved = jax.tree.map(lambda a, b: not np.array_equal(a[0], b[0]), new.train.params, state.train.params)
+    assert all(jax.tree.leaves(moved))
     assert "frozen" in sweep.report_divergence(new, [r.label for r in replicas])[0]
     rule = sweep.after_eval(sweep.StopRule("acc", escape_thr=0.5, stop_thr=0.9), ["a", "b"])
     s2 = rule(state, 10, {"acc": np.array([0.95, 0.6])})

@@ -1,4 +1,5 @@
 """Optimisers: schedule values, equivalence with plain optax, the Muon/decay masks, lr injection."""
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -78,7 +79,7 @@ def test_adamw_equals_optax_adamw_with_the_schedule_as_lr(decay_all):
                                   mask=None if decay_all else optim.decay_mask))
     ours, _ = run(make_optimizer(cfg), params, 8)
     theirs, _ = run(ref, params, 8)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7), ours, theirs)
+    chex.assert_trees_all_close(ours, theirs, rtol=2e-6, atol=1e-7)
     assert not np.allclose(ours["embed"]["embedding"], params["embed"]["embedding"])
 
 
