@@ -1,4 +1,4 @@
-"""Recurrent cores as pure functions (no Flax, no globals, no I/O); see DESIGN.md "Core contract"."""
+"""Recurrent cores as pure functions (no Flax, no globals, no I/O); see docs/extending.md, "The core contract"."""
 from ssmgate.cores.damped import DampedState, damped, damped_step
 from ssmgate.cores.mimo import MimoState, rotation_mimo, rotation_mimo_step
 from ssmgate.cores.rotation import RotationState, rotate_pairs, rotation, rotation_step

@@ -4,7 +4,7 @@ Pair i < r of the state rows of every head evolves by the exact discretisation
   Abar_t = exp(dt_t A(kappa_t)),  A(kappa) = [[0, 1], [-(a^2 - kappa), -2a]]  (companion form)
 with kappa = -nu^2 (under), 0 (critical) or (c a tanh nu)^2 (over, 0 < c < 1); rows >= 2r decay by
 exp(-dt a). Writes and reads are those of the rotation core without phases (trapezoid transported
-by Abar_t, SPEC 1.5):
+by Abar_t, protocol §1.5):
   h_t = Abar_t (h_{t-1} + (1 - lambda_t) dt_t x_{t-1} B_{t-1}^T) + lambda_t dt_t x_t B_t^T,
   y_t = h_t C_t + D x_t.
 Parallel forms: `associative` over (2x2 matrix, state block) pairs, and `chunked`. SSD's own

@@ -1,4 +1,4 @@
-"""Decay-rotation core of rank R: the Mamba-3 MIMO recurrence (SPEC 1.3.3).
+"""Decay-rotation core of rank R: the Mamba-3 MIMO recurrence (protocol §1.3.3).
 
 Per head, with a_t = exp(dt_t A_t), lambda_t the trapezoid weight (None: Euler, lambda = 1), and the
 phase and pair rotation of `rotation` applied with the same angle to every rank column k < R:
@@ -8,7 +8,7 @@ phase and pair rotation of `rotation` applied with the same angle to every rank 
   h_t = a_t h_{t-1} + (1 - lambda_t) dt_t a_t W_{t-1} + lambda_t dt_t W_t
   y_{t,k} = h_t C~_{t,k} + D x_{t,k}                                   (R, p): R reads
 The state h (b, h, p, n) is the SISO one: the rank multiplies the work per token, not the state.
-R = 1 is `rotation`. Reducing y over ranks (learned per-rank weights, SPEC 1.3.3) and the x -> X
+R = 1 is `rotation`. Reducing y over ranks (learned per-rank weights, protocol §1.3.3) and the x -> X
 up-projection belong to the model, not to the core. The final state carries
 (phase, h, B~_T, x_T) so a split run equals the whole.
 
@@ -30,7 +30,7 @@ from ssmgate.cores._ssd import associative_states, carry_chunk_states, chunk_tim
 from ssmgate.cores.rotation import TWO_PI, phases_cos_sin, rotate_pairs, scan_tokens, trapezoid_scales
 
 CORE = "rotation_mimo"
-# The official MIMO kernels keep chunk * R <= 64 (SPEC 1.3: chunk 16 at R = 4): the intra-chunk
+# The official MIMO kernels keep chunk * R <= 64 (protocol §1.3: chunk 16 at R = 4): the intra-chunk
 # score matrix is (chunk R) x (chunk R) per head. Very high ranks keep at least 8 tokens per chunk.
 CHUNK_BUDGET = 64
 MIN_CHUNK = 8

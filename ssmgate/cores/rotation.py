@@ -5,7 +5,7 @@ Per head, with a_t = exp(dt_t A_t), lambda_t the trapezoid weight (None: Euler, 
   B~_t = R(phase_t) B_t, C~_t = R(phase_t) C_t on interleaved pairs (2i, 2i+1), i < r
   h_t = a_t h_{t-1} + (1 - lambda_t) dt_t a_t x_{t-1} B~_{t-1}^T + lambda_t dt_t x_t B~_t^T
   y_t = h_t C~_t + D x_t
-The state lives in rotated-B coordinates (SPEC 1.3.1): history is only scaled, every rotation is
+The state lives in rotated-B coordinates (protocol §1.3.1): history is only scaled, every rotation is
 carried by B~ and C~. The final state carries (phase, h, B~_T, x_T) so a split run equals the whole.
 """
 from __future__ import annotations

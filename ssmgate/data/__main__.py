@@ -1,4 +1,4 @@
-"""`python -m ssmgate.data prepare --corpus=SPEC --split=train --tokenizer=byte --out=DIR [--max_tokens=N] [--workers=N]`
+"""`python -m ssmgate.data prepare --corpus=CORPUS --split=train --tokenizer=byte --out=DIR [--max_tokens=N] [--workers=N]`
 
 Tokenizes a corpus once into token shards (`ssmgate.data.prepare`). Run again with the same
 arguments to finish a prepare that was killed; a finished one is only checked and opened.

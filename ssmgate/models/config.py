@@ -1,4 +1,4 @@
-"""Model configuration: one frozen dataclass for every model of the zoo (SPEC §0.2, §1.2-1.5).
+"""Model configuration: one frozen dataclass for every model of the zoo (protocol §0.2, §1.2-1.5).
 
 `ModelCfg` is the whole definition of a model; it is logged with every run and built by
 `ssmgate.models.lm.build_model`. Fields that do not apply to a `block` are ignored by it (and
@@ -13,8 +13,8 @@ from typing import Optional
 BLOCKS = ("mamba2", "mamba3", "gpt_neox", "llama")
 # Mamba-3 family: what turns the state. "native" = input-dependent rotation (Mamba-3, the
 # underdamped row of P2 Table 2); "none" = no rotation; "static" = learned per head/pair angle,
-# independent of input and dt (SPEC 1.4); "under" | "critical" | "over" = the companion-form
-# second-order damped cores of SPEC 1.5 with everything else identical.
+# independent of input and dt (protocol §1.4); "under" | "critical" | "over" = the companion-form
+# second-order damped cores of protocol §1.5 with everything else identical.
 TRANSITIONS = ("native", "none", "static", "under", "critical", "over")
 MLPS = ("none", "swiglu", "gelu")
 DTYPES = ("float32", "bfloat16")
@@ -45,7 +45,7 @@ class ModelCfg:
     algorithm: str = "auto"           # core algorithm (sequential | associative | chunked | auto)
     chunk_size: Optional[int] = None
     conv_width: int = 4               # mamba2 only: causal depthwise conv
-    # Mamba-2 gate initialisation (SPEC 1.2): A = -exp(A_log), A_log = log U(a_init_lo, a_init_hi)
+    # Mamba-2 gate initialisation (protocol §1.2): A = -exp(A_log), A_log = log U(a_init_lo, a_init_hi)
     # per head, then A_log += a_log_offset (P1's offset delta). head_a_ranges, when given, is one
     # (lo, hi) per head and replaces (a_init_lo, a_init_hi).
     a_init_lo: float = 1.0
@@ -55,7 +55,7 @@ class ModelCfg:
     dt_min: float = 1e-3
     dt_max: float = 1e-1
     dt_floor: float = 1e-4
-    # --- Mamba-3 (SPEC 1.3, 1.4) ---
+    # --- Mamba-3 (protocol §1.3, 1.4) ---
     transition: str = "native"        # one of TRANSITIONS
     rope_fraction: float = 0.5        # rotated pairs r = d_state * rope_fraction / 2
     mimo_rank: int = 1

@@ -1,4 +1,4 @@
-"""Mamba-2 gate initialisation, checkpoint gate edits and gate statistics (SPEC 1.2, 2.5; P1).
+"""Mamba-2 gate initialisation, checkpoint gate edits and gate statistics (protocol §1.2, 2.5; P1).
 
 A Mamba-2 head keeps exp(dt_t A) of its state per token, A = -exp(A_log), dt_t =
 softplus(dt_raw_t + dt_bias). Its gate lives at two parameters of every `Mamba2Mixer`:
@@ -10,7 +10,7 @@ work on a mixer's or a model's params alike. Pass the params, not a whole TrainS
 moments mirror the params' paths and would be edited too. Mamba-3 mixers have no A_log (their
 A_t is data-dependent) and are not touched.
 
-Edits return new pytrees and never mutate their input (DESIGN: interventions).
+Edits return new pytrees and never mutate their input (docs/extending.md, "Interventions").
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def head_gates(params) -> list[tuple]:
 
 def head_rates(params) -> np.ndarray:
     """dt0 * exp(A_log) per head of every mixer, concatenated in gate_paths order: the per-token
-    log-decay of the input-independent part of dt, dt0 = softplus(dt_bias) (SPEC 2.5)."""
+    log-decay of the input-independent part of dt, dt0 = softplus(dt_bias) (protocol §2.5)."""
     _require_gates(params, "head_rates")
     return np.concatenate([np.logaddexp(0.0, dtb) * np.exp(alog) for _, alog, dtb in head_gates(params)])
 
@@ -125,12 +125,12 @@ def head_alphas(params) -> np.ndarray:
 
 
 def median_tau(params) -> float:
-    """Median over all heads of all layers of tau (SPEC 2.5, Table 1 rows)."""
+    """Median over all heads of all layers of tau (protocol §2.5, Table 1 rows)."""
     return float(np.median(head_taus(params)))
 
 
 def median_alpha_change(before, after) -> float:
-    """Median over heads of |alpha_after - alpha_before| (SPEC 2.5, Table 1 |delta alpha|)."""
+    """Median over heads of |alpha_after - alpha_before| (protocol §2.5, Table 1 |delta alpha|)."""
     a0, a1 = head_alphas(before), head_alphas(after)
     if a0.shape != a1.shape:
         raise ValueError(f"median_alpha_change: before has {a0.size} heads, after has {a1.size}; expected "

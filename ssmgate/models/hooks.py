@@ -1,6 +1,6 @@
-"""Forward-time edits of one Mamba-3 layer (SPEC 8.1-8.4), as static options of its forward pass.
+"""Forward-time edits of one Mamba-3 layer (protocol §8.1-8.4), as static options of its forward pass.
 
-`PhaseHooks` is what one layer applies, at the hook points of SPEC 8 (forward order):
+`PhaseHooks` is what one layer applies, at the hook points of protocol §8 (forward order):
 
     angle projection -> theta  [phase: zero | reverse | shuffle act on the increments, before the
                                 cumulative sum]

@@ -1,4 +1,4 @@
-"""Mamba-2 mixer block (SPEC 1.2) around the `scalar_decay` core.
+"""Mamba-2 mixer block (protocol §1.2) around the `scalar_decay` core.
 
     in_proj(u) -> z | x | B | C | dt_raw          widths d_inner, d_inner, G N, G N, H
     x, B, C <- silu(causal depthwise conv(x, B, C))

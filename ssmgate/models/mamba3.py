@@ -1,4 +1,4 @@
-"""Mamba-3 mixer block (SPEC 1.3-1.5): the official SISO/MIMO block with swappable transitions.
+"""Mamba-3 mixer block (protocol §1.3-1.5): the official SISO/MIMO block with swappable transitions.
 
     in_proj(u) -> z | x | B | C | dd_dt | dd_A | trap | ang      widths d_inner, d_inner, G N R,
                                                                  G N R, H, H, H, r_in
@@ -15,11 +15,11 @@ cfg.transition picks what turns the state (everything else identical):
   none            no rotation: no angle projection (r_in = 0), `rotation` with r = 0 pairs
                   (keeps the trapezoid; equals native with zero angles).
   static          per-token phase increment pi tanh(omega), omega = `static_angle` (H, r), learned,
-                  independent of the input AND of dt (SPEC 1.4). The core multiplies theta by dt,
+                  independent of the input AND of dt (protocol §1.4). The core multiplies theta by dt,
                   so theta = pi tanh(omega) / dt is passed (exact up to one rounding; dt > 0 always).
                   r_in = 0.
   under|critical|over   `damped(x, dt, a = -A, nu = pi tanh(ang), ...)`, the companion-form
-                  second-order cores of SPEC 1.5; r_in = r (critical ignores nu's values).
+                  second-order cores of protocol §1.5; r_in = r (critical ignores nu's values).
 MIMO (cfg.mimo_rank R > 1, transitions native/none/static): as the official module, per head
 X_k = x * mimo_x[k], Z_k = z * mimo_z[k], the `rotation_mimo` core reads R columns of B/C and
 returns Y (b, t, H, R, P) (D applied to X_k), and out = sum_k mimo_o[k] * Y_k * silu(Z_k).
@@ -43,12 +43,12 @@ There is no A_log: A_t is data-dependent (gates.py edits Mamba-2 gates only).
 
 Interventions: `hooks` (a static `ssmgate.models.hooks.PhaseHooks`, default none) edits the
 angle increments, the B/C rotation and the head-to-decay assignment inside the forward pass
-(SPEC 8; phase edits need transition 'native', the decay permutation works for every transition).
+(protocol §8; phase edits need transition 'native', the decay permutation works for every transition).
 
 Diagnostics: every call sows `intermediates/phase_increment` (b, t, H, r), the per-token phase
 step in radians (dt * theta; for the damped cores the angle of the underdamped rotation, dt * nu),
-and `intermediates/decay` (b, t, H), alpha_t = exp(dt_t A_t) (SPEC 8.3's history factor),
-read with `ssmgate.models.lm.sown_intermediates` (P2's phase-code probe, SPEC 6.3).
+and `intermediates/decay` (b, t, H), alpha_t = exp(dt_t A_t) (protocol §8.3's history factor),
+read with `ssmgate.models.lm.sown_intermediates` (P2's phase-code probe, protocol §6.3).
 
 `__call__(u_btd, cache=None) -> (y_btd, new_cache)`: the cache is the core's final state
 (RotationState, DampedState or MimoState), so a sequence run in pieces equals one run; decoding
@@ -72,7 +72,7 @@ from ssmgate.models.layers import RMSNorm, dense, rms_normalize
 
 
 def heavy(u):
-    """1 + u for u >= 0, 1 / (1 - u) for u < 0: positive, C^1, linear growth (SPEC 1.3)."""
+    """1 + u for u >= 0, 1 / (1 - u) for u < 0: positive, C^1, linear growth (protocol §1.3)."""
     return jnp.where(u >= 0, 1.0 + u, 1.0 / (1.0 - jnp.minimum(u, 0.0)))
 
 
@@ -87,7 +87,7 @@ class Mamba3Mixer(nn.Module):
     # None: MIMO iff cfg.mimo_rank > 1. True forces the MIMO path (with its mimo_* parameters) at
     # any rank, as the official `is_mimo`; used to check that R = 1 reproduces SISO.
     mimo: Optional[bool] = None
-    hooks: Optional[PhaseHooks] = None   # forward-time interventions (SPEC 8); None = native
+    hooks: Optional[PhaseHooks] = None   # forward-time interventions (protocol §8); None = native
 
     @nn.compact
     def __call__(self, u_btd, cache=None):

@@ -21,16 +21,16 @@
 | p2_st_l3_{core}         | the same, 3 L                                                 | 105-110 k |   -   |
 (tests/models/test_presets.py prints every count and checks the stated sizes to +-5%.)
 
-Choices where the papers are silent (SPEC §10 items 10, 22):
-- KV vocab 72 (SPEC §3.1 layout: 64 content tokens + 5 specials, padded to 72); Horn vocab 48
-  (SPEC §4.2 character tokens: 45, padded to 48); state-tracking vocab 10 (the largest of the
-  three tasks, SPEC §6.1); Horn widths as SPEC §4.6 [INF/REC], both tied.
+Choices where the papers are silent (protocol §10 items 10, 22):
+- KV vocab 72 (protocol §3.1 layout: 64 content tokens + 5 specials, padded to 72); Horn vocab 48
+  (protocol §4.2 character tokens: 45, padded to 48); state-tracking vocab 10 (the largest of the
+  three tasks, protocol §6.1); Horn widths as protocol §4.6 [INF/REC], both tied.
 - BFCL (P1 §5.2: "1.5B / 2B incl. embeddings", data Nemotron-CC-HQ): we assume the Nemotron
   tokenizer (vocab 131072) and untied embeddings for both, as NVIDIA's Megatron-LM models trained
   on that data, and Megatron's Mamba-2 layout (8 B/C groups, headdim 64, d_state 128, expand 2).
   With one B/C group the Mamba-2 model would have 1.36 B (-9%); the Llama is MHA with the
   default SwiGLU width 8/3 d.
-- P2 LM 187M / 444M (SPEC §7.1, §10.22): the stored Mamba-3 reference code
+- P2 LM 187M / 444M (protocol §7.1, §10.22): the stored Mamba-3 reference code
   (state-spaces/mamba, mamba_ssm/modules/mamba3.py) fixes the mixer only, not the LM stack. [INF]
   The Mamba-3 paper's LMs are Llama-like (each mixer followed by a SwiGLU MLP, pre-norm, tied
   embeddings), with a narrower MLP for MIMO to stay parameter-matched. Measured alternatives
@@ -52,31 +52,31 @@ import numpy as np
 from ssmgate.models.config import ModelCfg
 from ssmgate.models.lm import build_model
 
-# --- P1 multi-token KV retrieval (SPEC §3.2) ---
+# --- P1 multi-token KV retrieval (protocol §3.2) ---
 _KV = dict(vocab_size=72, tie_embeddings=True)
 P1_KV_MAMBA2 = ModelCfg(block="mamba2", n_layers=24, d_model=768, expand=2, headdim=64, d_state=128, **_KV)
 P1_KV_GPT_NEOX = ModelCfg(block="gpt_neox", n_layers=12, d_model=768, n_heads=12, mlp="gelu", d_mlp=3072,
                           rotary_fraction=1.0, rope_base=10000.0, **_KV)
 
-# --- P1 Horn clauses (SPEC §4.6) ---
+# --- P1 Horn clauses (protocol §4.6) ---
 _HORN = dict(vocab_size=48, tie_embeddings=True)
 P1_HORN_MAMBA2 = ModelCfg(block="mamba2", n_layers=4, d_model=2048, expand=2, headdim=256, d_state=256, **_HORN)
 P1_HORN_LLAMA = ModelCfg(block="llama", n_layers=4, d_model=1024, n_heads=8, mlp="swiglu", **_HORN)
 
-# --- P1 BFCL (SPEC §5.2); vocab and tying assumed, see the module docstring ---
+# --- P1 BFCL (protocol §5.2); vocab and tying assumed, see the module docstring ---
 _BFCL = dict(vocab_size=131072, tie_embeddings=False, d_model=2048)
 P1_BFCL_MAMBA2 = ModelCfg(block="mamba2", n_layers=32, expand=2, headdim=64, d_state=128, n_groups=8, **_BFCL)
 P1_BFCL_LLAMA = ModelCfg(block="llama", n_layers=28, n_heads=16, mlp="swiglu", **_BFCL)
 
-# --- P2 language modelling (SPEC §7.1) ---
+# --- P2 language modelling (protocol §7.1) ---
 _P2_LM = dict(block="mamba3", vocab_size=128256, tie_embeddings=True, d_state=128, expand=2, headdim=64,
               mimo_rank=4, chunk_size=16, mlp="swiglu", dtype="bfloat16")
 P2_LM_187M = ModelCfg(n_layers=12, d_model=768, d_mlp=1280, **_P2_LM)
 P2_LM_444M = ModelCfg(n_layers=24, d_model=1024, d_mlp=1728, **_P2_LM)
-# rotation fraction 0 = Mamba-3 without rotation (SPEC 1.4: no angle projection).
+# rotation fraction 0 = Mamba-3 without rotation (protocol §1.4: no angle projection).
 NO_ROTATION = dict(transition="none", rope_fraction=0.0)
 
-# --- P2 state tracking (SPEC §6.2); core names as StateTrackCfg.core ---
+# --- P2 state tracking (protocol §6.2); core names as StateTrackCfg.core ---
 _P2_ST = dict(vocab_size=10, d_model=64, d_state=64, expand=2, headdim=16, tie_embeddings=True)
 ST_CORES = {
     "mamba2": dict(block="mamba2"),

@@ -1,4 +1,4 @@
-"""The gating paper's simplified SSM (SPEC §2.2), run by the `scalar_decay` core.
+"""The gating paper's simplified SSM (protocol §2.2), run by the `scalar_decay` core.
 
     h = x~_q + sum_{t=1..ell} exp(a (ell - t + 1)) (x~_q . x~_t) x~_t,   a = -exp(lambda),   f = w^T h
 
@@ -90,7 +90,7 @@ class SimplifiedSSM(nn.Module):
         return self.logits_at(batch.keys, batch.labels, batch.query_pos[:, None])[:, 0]
 
     def hidden_state(self, batch: LabelBatch):
-        """h (b, d + 1) of SPEC §2.2 by the full (d+1)-channel recurrence."""
+        """h (b, d + 1) of protocol §2.2 by the full (d+1)-channel recurrence."""
         tokens = jnp.concatenate([batch.keys, batch.labels[..., None]], axis=-1)
         read = self._query_step(self._context_state(tokens, batch.keys))  # (b, d + 1, d)
         x_q, _ = query(batch)
@@ -104,7 +104,7 @@ def logistic_loss(logits, targets):
 
 
 def margins(params, keys_pd, labels_p, distance):
-    """(delta_m, delta_r) of SPEC §2.6: (1 + alpha) mean_i y(x_i) (w_x . x_i) and alpha v, alpha at `distance`."""
+    """(delta_m, delta_r) of protocol §2.6: (1 + alpha) mean_i y(x_i) (w_x . x_i) and alpha v, alpha at `distance`."""
     w = params["w"]
     alpha = retention(params["log_rate"], distance)
     delta_m = (1 + alpha) * jnp.mean(labels_p * (keys_pd @ w[:-1]))

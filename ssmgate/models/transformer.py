@@ -1,4 +1,4 @@
-"""Transformer baselines of P1 (SPEC §3.2, §4.6, §5.2) and the MLPs every LM block may use.
+"""Transformer baselines of P1 (protocol §3.2, §4.6, §5.2) and the MLPs every LM block may use.
 
 Both blocks map (x_btd, cache) -> (x_btd, cache) on the float32 residual stream; `cache` is the
 attention's `KVCache` (see attention.py). Parameter paths, relative to the block:

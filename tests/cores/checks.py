@@ -1,7 +1,7 @@
 """Property checks shared by test_scalar_decay.py, test_rotation.py and test_damped.py.
 
 Each check takes the core's name (and the damped regime) and asserts one property of the contract
-(DESIGN.md "Core contract", SPEC 1.2/1.3/1.5); the per-core files parametrize them.
+(docs/extending.md, "The core contract"; protocol §1.2/1.3/1.5); the per-core files parametrize them.
 """
 from __future__ import annotations
 

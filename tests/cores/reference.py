@@ -1,4 +1,4 @@
-"""Float64 numpy references written directly from the formulas of SPEC 1.2, 1.3 and 1.5.
+"""Float64 numpy references written directly from the formulas of protocol §1.2, 1.3 and 1.5.
 
 One token at a time, explicit loops over heads and pairs, nothing shared with ssmgate's code.
 """
@@ -75,7 +75,7 @@ def rotation(x, dt, A, B, C, theta, D=None, trap=None, state=None):
 
 
 def explicit_rotation(x, dt, A, B, C, theta):
-    """SPEC 1.3.1: the state itself is rotated, h_t = a_t R(-dt theta) h_{t-1} + dt B_t x_t^T on
+    """protocol §1.3.1: the state itself is rotated, h_t = a_t R(-dt theta) h_{t-1} + dt B_t x_t^T on
     each rotated pair, read with the unrotated C. Equals `rotation` (Euler) by the RoPE trick."""
     x, dt, A, B, C, theta = _f64(x, dt, A, B, C, theta)
     b, t, h, p = x.shape
@@ -139,7 +139,7 @@ def damped(x, dt, a, nu, B, C, D=None, *, regime, c=0.9, trap=None, state=None):
 
 
 def rotation_mimo(x, dt, A, B, C, theta, D=None, trap=None, state=None):
-    """SPEC 1.3.3, rank R: x (b,t,h,R,p), B/C (b,t,g,R,n); every rank column of B and C is rotated
+    """protocol §1.3.3, rank R: x (b,t,h,R,p), B/C (b,t,g,R,n); every rank column of B and C is rotated
     by the head's phase; the state (p, n) takes the rank-R write X^T B~ and gives R reads S C~^T.
     state = (phase (b,h,r), S (b,h,p,n), B_prev (b,h,R,n), x_prev (b,h,R,p)) or None."""
     x, dt, A, B, C, theta, D, trap = _f64(x, dt, A, B, C, theta, D, trap)

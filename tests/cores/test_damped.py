@@ -1,4 +1,4 @@
-"""damped (SPEC 1.5): every algorithm and regime against the float64 reference (scipy expm per
+"""damped (protocol §1.5): every algorithm and regime against the float64 reference (scipy expm per
 pair and token), gradients, step, split (with trapezoid), extreme decays, half-precision inputs,
 vmap; the closed-form transition against expm, its eigenvalues and kappa -> 0 continuity."""
 import itertools

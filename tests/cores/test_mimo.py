@@ -1,4 +1,4 @@
-"""rotation_mimo (SPEC 1.3.3, Mamba-3 MIMO of rank R): every algorithm against the float64
+"""rotation_mimo (protocol §1.3.3, Mamba-3 MIMO of rank R): every algorithm against the float64
 reference (outputs, final states, gradients vs sequential), odd lengths and chunk sizes, split runs,
 the step loop, R = 1 against the SISO `rotation`, the superposition of SISO runs it is, bad shapes,
 half-precision inputs and `auto`.

@@ -1,7 +1,7 @@
-"""scalar_decay (SPEC 1.2) and rotation (SPEC 1.3, Mamba-3 SISO): every algorithm against the
+"""scalar_decay (protocol §1.2) and rotation (protocol §1.3, Mamba-3 SISO): every algorithm against the
 float64 reference, gradients, step, split (rotation with trapezoid, so the carried B_prev/x_prev
 matter), extreme decays, half-precision inputs, vmap. The damped core has its regimes and its own
-file; rotation's SPEC 1.3.1 identities are in test_rotation.py."""
+file; rotation's protocol §1.3.1 identities are in test_rotation.py."""
 import jax.numpy as jnp
 import numpy as np
 import pytest

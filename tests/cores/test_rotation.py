@@ -1,4 +1,4 @@
-"""rotation (SPEC 1.3, Mamba-3 SISO): the RoPE-trick identities of SPEC 1.3.1, the trapezoid's
+"""rotation (protocol §1.3, Mamba-3 SISO): the RoPE-trick identities of protocol §1.3.1, the trapezoid's
 limits and long sequences. The properties it shares with scalar_decay are in test_recurrences.py."""
 import chex
 import numpy as np
@@ -14,7 +14,7 @@ CHUNKED_SPLIT_TOL = 1e-6
 ALGS = cm.EXPLICIT[CORE]
 
 
-# ----------------------------------------------------------------------------- SPEC 1.3.1 identities
+# ----------------------------------------------------------------------------- protocol §1.3.1 identities
 
 def _zero_angle_inputs(r):
     """PLAIN (Euler, no D, A per head, zero initial state) rotation inputs with r zero angles."""
@@ -43,7 +43,7 @@ def test_zero_angles_equal_scalar_decay(algorithm, sd_algorithm):
 
 @pytest.mark.parametrize("algorithm", ALGS)
 def test_equals_explicit_state_rotation(algorithm):
-    """SPEC 1.3.1: rotating B and C by the cumulative phase (RoPE trick) == rotating the state by
+    """protocol §1.3.1: rotating B and C by the cumulative phase (RoPE trick) == rotating the state by
     R(-dt theta) every token and reading it with the unrotated C."""
     case = cm.PLAIN
     inp = cm.case_inputs(CORE, case)

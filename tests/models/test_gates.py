@@ -62,7 +62,7 @@ def test_dt_bias_init_range_and_floor():
 
 
 def test_default_init_median_tau_is_about_14_tokens():
-    """SPEC 1.2 [CALC]: with the default A and dt inits the median over heads of tau is ~14.1."""
+    """protocol §1.2 [CALC]: with the default A and dt inits the median over heads of tau is ~14.1."""
     cfg = many_heads()
     k1, k2 = jax.random.split(jax.random.key(7))
     params = {"mixer": {"A_log": gates.a_log_init(cfg, k1), "dt_bias": gates.dt_bias_init(cfg, k2)}}

@@ -171,7 +171,7 @@ def mamba2_reference(params, u, cfg):
 
 
 def rotate(v, phase):
-    """Interleaved pairs (2i, 2i+1), i < r = phase.shape[-1], rotated by phase (SPEC 1.3)."""
+    """Interleaved pairs (2i, 2i+1), i < r = phase.shape[-1], rotated by phase (protocol §1.3)."""
     out = v.copy()
     r = phase.shape[-1]
     v0, v1 = v[..., 0:2 * r:2], v[..., 1:2 * r:2]
@@ -181,7 +181,7 @@ def rotate(v, phase):
 
 
 def mamba3_reference(params, u, cfg):
-    """SISO, transitions native/none/static: the SPEC 1.3 table token by token."""
+    """SISO, transitions native/none/static: the protocol §1.3 table token by token."""
     p = np64(params["params"])
     u = np.asarray(u, np.float64)
     b, t, _ = u.shape

@@ -1,4 +1,4 @@
-"""The simplified SSM of SPEC §2.2 against its formula (float64 numpy), across its three paths."""
+"""The simplified SSM of protocol §2.2 against its formula (float64 numpy), across its three paths."""
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -16,10 +16,11 @@ from ssmgate.models.config import ModelCfg
 from ssmgate.programs.p1_horn import program as p1_horn
 from ssmgate.programs.p1_horn import report
 from ssmgate.config_error import ConfigError
-from ssmgate.programs.p1_kv.program import t_interval
+from ssmgate.train.sweep_results import t_interval
 from ssmgate.tasks import horn
 from ssmgate.tasks import horn_ranking as hr
 from ssmgate.train import loop, mesh, optim, sweep
+from ssmgate.reproduce import read_flags
 from tests.main_runs import dry_run_flag_files
 
 REPO = Path(__file__).resolve().parents[2]
@@ -175,7 +176,7 @@ BASE = ["--program=p1_horn", "--steps=10", "--batch=4", "--lr=1e-3", "--horn_pro
 def parse():
     from ssmgate import main  # defines every flag
     from ssmgate.programs.p1_horn import flags as p1_horn_flags
-    assert main.PROGRAMS["p1_horn"] is p1_horn_flags
+    assert main.PROGRAMS["p1_horn"].flags is p1_horn_flags
 
     def parse(*args):
         flags.FLAGS.unparse_flags()
@@ -238,9 +239,9 @@ def test_every_flag_file_dry_runs():
     files = sorted((REPO / "experiments" / "p1").rglob("horn_*.flags"))
     assert len(files) == 9  # (retrieval, lengen, transformer) x (paper, cpu, quick)
     for f in files:
-        text = f.read_text()
-        assert text.startswith("# P1 Figure 3") and "ESTIMATE" not in text and "--program=p1_horn" in text, f
-        assert "--opt_name=muon" in text and "--lr=1e-3" in text and "--opt_final_lr_frac=0.0" in text, f
+        text, resolved = f.read_text(), read_flags(f)  # with the files it includes
+        assert text.startswith("# P1 Figure 3") and "ESTIMATE" not in text and resolved["program"] == "p1_horn", f
+        assert (resolved["opt_name"], resolved["lr"], resolved["opt_final_lr_frac"]) == ("muon", "1e-3", "0.0"), f
     parts = {}
     for path, res in dry_run_flag_files(files).items():
         assert res.returncode == 0, (path, res.stderr[-3000:])

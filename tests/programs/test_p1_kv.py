@@ -133,7 +133,7 @@ BASE = ["--program=p1_kv", "--steps=10", "--batch=4", "--lr=1e-3", "--kv_vocab=8
 def parse():
     from ssmgate import main  # defines every flag
     from ssmgate.programs.p1_kv import flags as p1_kv_flags
-    assert main.PROGRAMS["p1_kv"] is p1_kv_flags
+    assert main.PROGRAMS["p1_kv"].flags is p1_kv_flags
 
     def parse(*args):
         flags.FLAGS.unparse_flags()

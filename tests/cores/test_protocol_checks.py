@@ -1,4 +1,4 @@
-"""SPEC §9 rows C1-C3 at their stated sizes (T=256, H=2, P=8, N=16), fp32 (MIMO is out of scope)."""
+"""protocol §9 rows C1-C3 at their stated sizes (T=256, H=2, P=8, N=16), fp32 (MIMO is out of scope)."""
 import itertools
 
 import jax
@@ -39,7 +39,7 @@ def test_c1_scalar_decay_algorithms_and_state_carry():
 
 
 def test_c2_rotation_step_vs_chunked():
-    """Step recurrence (with the trapezoid) vs the chunked form: <= 1e-4 (SPEC 1.3, C2)."""
+    """Step recurrence (with the trapezoid) vs the chunked form: <= 1e-4 (protocol §1.3, C2)."""
     inp = cm.case_inputs("rotation", SPEC_CASE)
     stepped = cm.run_steps("rotation", inp)
     chunked = cm.run("rotation", inp, "chunked", SPEC_CASE)
@@ -131,7 +131,7 @@ def test_c3_grid_covers_every_regime_and_kappa():
 
 
 def test_c3_closed_form_vs_expm():
-    """<= 1e-6 relative per matrix in float64 (SPEC: 1e-6) and in float32 (rounding of the inputs
+    """<= 1e-6 relative per matrix in float64 (protocol §9, check C3: 1e-6) and in float32 (rounding of the inputs
     taken into account by the float64 expm of the rounded parameters)."""
     with jax.enable_x64():
         got64 = _closed_form(C3_POINTS, jnp.float64)
@@ -162,7 +162,7 @@ def test_c3_eigenvalues():
 
 
 def test_c3_underdamped_is_similar_to_a_rotation():
-    """Abar = M e^{-a dt} R(nu dt) M^{-1}, M = [[1, 0], [-a, -nu]] (SPEC 1.5)."""
+    """Abar = M e^{-a dt} R(nu dt) M^{-1}, M = [[1, 0], [-a, -nu]] (protocol §1.5)."""
     points = [p for p in C3_POINTS if p[3] == "under" and p[4] != 0]
     assert points
     with jax.enable_x64():
