@@ -73,7 +73,10 @@ def changes_from_paper(paper: str, run: str, scale: str) -> list[str]:
     if scale == "paper":
         return []
     mine, ref = read_flags(flag_file(paper, run, scale)), read_flags(flag_file(paper, run, "paper"))
-    return [f"{k}: {ref.get(k, '(unset)')} -> {mine.get(k, '(unset)')}"
+
+    def shown(flags: dict, k: str) -> str:  # an empty value resets what a scale must not inherit (--preset=)
+        return "(unset)" if k not in flags else (flags[k] or "(none)")
+    return [f"{k}: {shown(ref, k)} -> {shown(mine, k)}"
             for k in sorted(set(mine) | set(ref)) if mine.get(k) != ref.get(k) and k != "segment"]
 
 

@@ -3,7 +3,7 @@
 Interventions on a converted checkpoint mean something only if the converted model is the
 published one. Before anything else is measured, `NativePPLGate.check` measures the native
 windowed PPL at the window size the paper reports it for (the PG-19 protocol of
-`lm_eval.windowed_ppl`, as `p2_lm_eval.evaluate` measures it, stored as the same cell so the
+`lm_eval.windowed_ppl`, as `long_eval.evaluate` measures it, stored as the same cell so the
 evaluation reuses it) and stops the run unless it is within `tolerance` (relative) of the
 published value. A wrong decay activation, a mismatched tokenizer or the wrong books all fail it.
 """
@@ -17,7 +17,7 @@ import numpy as np
 
 from ssmgate.interventions.forward import Intervention
 from ssmgate.models.config import ModelCfg
-from ssmgate.programs.p2_lm import long_eval as p2_lm_eval
+from ssmgate.programs.p2_lm import long_eval
 from ssmgate.train.cell_store import CellStore
 from ssmgate.config_error import ConfigError
 from ssmgate.train.run_dir import RunDir, say
@@ -35,7 +35,7 @@ class NativePPLGate:
     window: int             # the window size C of that PPL
     tolerance: float = 0.02  # allowed |measured / published - 1|
 
-    def validate(self, ecfg: p2_lm_eval.LongEvalCfg) -> "NativePPLGate":
+    def validate(self, ecfg: long_eval.LongEvalCfg) -> "NativePPLGate":
         if not (math.isfinite(self.published) and self.published > 1.0):
             raise ConfigError(f"--official_ppl={self.published}: expected the published native PPL (> 1)")
         if self.window <= ecfg.score_last:
@@ -45,13 +45,13 @@ class NativePPLGate:
             raise ConfigError(f"--official_ppl_tolerance={self.tolerance}: expected a fraction in (0, 1)")
         return self
 
-    def check(self, cfg: ModelCfg, params, books: Sequence[np.ndarray], ecfg: p2_lm_eval.LongEvalCfg,
+    def check(self, cfg: ModelCfg, params, books: Sequence[np.ndarray], ecfg: long_eval.LongEvalCfg,
               rd: RunDir, digest: str) -> dict:
         """Measures (or reads back) the native PPL at `window`; writes native_ppl_gate.json; raises
         GateError when it is off by more than `tolerance`."""
-        store = CellStore(rd.file(p2_lm_eval.CELLS_FILE), digest)
-        # p2_lm_eval.evaluate's key and measurement of the native cell, so it is measured once
-        cell = store.get(f"native|None|None|{self.window}", lambda: p2_lm_eval._window_cell(
+        store = CellStore(rd.file(long_eval.CELLS_FILE), digest)
+        # long_eval.evaluate's key and measurement of the native cell, so it is measured once
+        cell = store.get(f"native|None|None|{self.window}", lambda: long_eval._window_cell(
             cfg, params, books, self.window, ecfg, Intervention("native", seed=ecfg.shuffle_seed)))
         ppl = cell["ppl"]
         off = None if ppl is None else ppl / self.published - 1.0

@@ -13,7 +13,7 @@
 2. Training with the framework's loop (orbax checkpoints, automatic resume, metrics.jsonl); every
    `--eval_every` steps the held-out PPL over all validation rows (state reset per row): the
    validation curve of Fig 7.
-3. The long-context evaluation of `p2_lm_eval` on the books of `--eval_split` of `--eval_corpus`:
+3. The long-context evaluation of `long_eval` on the books of `--eval_split` of `--eval_corpus`:
    protocol §7.2 windows at every `--lm_windows` size, and on a rotation model the interventions,
    write/read removal, layer-window heat map, state diagnostics and phase trajectories. With
    `--init_official=<safetensors>` (and no --steps) it evaluates a converted official checkpoint
@@ -21,7 +21,7 @@
 
 summary.json: "variant", "params", "steps", "wall_s", "train_wall_s", "tokens_per_s", "ppl" (final
 validation PPL), "val_curve" ([step, ppl] pairs), "params_digest", "data" (token counts), and
-"long_eval" (p2_lm_eval.evaluate's dict).
+"long_eval" (long_eval.evaluate's dict).
 """
 from __future__ import annotations
 
