@@ -3,9 +3,10 @@
 Thin by design: parse the flags, pick the program from ssmgate.programs.registry, check its
 configuration, write the resolved flags to the run directory, run. A bad flag stops the run before
 any work with a message that names the flag and what it accepts, and so does a flag the chosen
-program does not read. `--program=NAME --help` lists the flags of that program. Flag files compose: a file may hold `--flagfile=base.flags`
-lines, and later flags override earlier ones. `--dry_run` prints the resolved configuration (for
-`train`: parameter counts, the mesh and the sharding of every parameter) and runs nothing.
+program does not read. `--program=NAME --help` lists the flags of that program. Flag files
+compose: a file may hold `--flagfile=base.flags` lines, and later flags override earlier ones.
+`--dry_run` prints the resolved configuration (for `train`: parameter counts, the mesh and the
+sharding of every parameter) and runs nothing.
 
 On a multi-host pod pass `--distributed`: `jax.distributed.initialize()` joins the hosts first
 (coordinator, process count and id from the cluster environment on TPU VMs and SLURM, or from

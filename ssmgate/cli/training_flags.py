@@ -75,7 +75,8 @@ _in("eval_sets", flags.DEFINE_integer, "eval_n", 1024, "Examples of the fixed ev
 _in("eval_sets", flags.DEFINE_integer, "lengen_eval_n", None, "Examples per length-generalisation set (default "
     "--eval_n).")
 _in("seq_len", flags.DEFINE_integer, "seq_len", 64, "Model input length (tokens per sequence).")
-_in("tokenizer", flags.DEFINE_string, "tokenizer", "byte", "'byte', or a HF tokenizer.json / SentencePiece .model file.")
+_in("tokenizer", flags.DEFINE_string, "tokenizer", "byte", "'byte', or a HF tokenizer.json / SentencePiece .model "
+    "file.")
 
 FLAGS = flags.FLAGS
 
