@@ -127,3 +127,15 @@ def length_generalisation(sizes, make_set, evaluate, params, replicas, offsets, 
         say(f"[{tag}] length generalisation at {size}: " + ", ".join(
             f"delta {o}: {v[str(size)]['mean']:.3f}" for o, v in acc.items()))
     return {"lengen_accuracy": acc, "lengen_examples": count, "lengen_detail": detail}
+
+
+def eval_curves(records: list, n_replicas: int, metrics) -> tuple[list, dict]:
+    """(eval steps, {metric: (steps, K) array}) from metrics.jsonl records (metric names without 'eval_');
+    a step evaluated twice (a resumed run re-evaluates its last checkpoint) keeps its last record."""
+    by_step = {}
+    for r in records:
+        if r.get("kind") == "eval" and all(f"eval_{m}" in r for m in metrics):
+            by_step[int(r["step"])] = {m: np.asarray(r[f"eval_{m}"], np.float64).reshape(n_replicas) for m in metrics}
+    steps = sorted(by_step)
+    values = {m: (np.stack([by_step[s][m] for s in steps]) if steps else np.zeros((0, n_replicas))) for m in metrics}
+    return steps, values

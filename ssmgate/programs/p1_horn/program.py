@@ -69,7 +69,7 @@ from ssmgate.train import lm_runs
 from ssmgate.config_error import ConfigError
 from ssmgate.train.experiment import make_mesh, run_experiment
 from ssmgate.train import sweep_results
-from ssmgate.train.sweep_results import gate_stats, offset_key
+from ssmgate.train.sweep_results import eval_curves, gate_stats, offset_key
 from ssmgate.tasks import horn
 from ssmgate.tasks import horn_ranking as hr
 from ssmgate.tasks import length_buckets as lb
@@ -280,18 +280,6 @@ def make_evaluate(model, compute_dtype, graph):
 
 
 # --- statistics --------------------------------------------------------------------------------------------
-
-def eval_curves(records: list, n_replicas: int, metrics) -> tuple[list, dict]:
-    """(eval steps, {metric: (steps, K) array}) from metrics.jsonl records (metric names without 'eval_');
-    a step evaluated twice (a resumed run re-evaluates its last checkpoint) keeps its last record."""
-    by_step = {}
-    for r in records:
-        if r.get("kind") == "eval" and all(f"eval_{m}" in r for m in metrics):
-            by_step[int(r["step"])] = {m: np.asarray(r[f"eval_{m}"], np.float64).reshape(n_replicas) for m in metrics}
-    steps = sorted(by_step)
-    values = {m: (np.stack([by_step[s][m] for s in steps]) if steps else np.zeros((0, n_replicas))) for m in metrics}
-    return steps, values
-
 
 def early_index(steps, total_steps: int, frac: float) -> Optional[int]:
     """Index of the first evaluation at or after frac x total_steps; the last one if none is; None without any."""

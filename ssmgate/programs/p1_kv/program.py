@@ -57,7 +57,7 @@ from ssmgate.tasks.synthetic_lm import lm_loss, step_key
 from ssmgate.train import loop, mesh as meshlib, sweep
 from ssmgate.train.experiment import make_mesh, run_experiment
 from ssmgate.train import sweep_results
-from ssmgate.train.sweep_results import gate_stats, linear_fit, offset_key
+from ssmgate.train.sweep_results import eval_curves, gate_stats, linear_fit, offset_key
 from ssmgate.train.optim import OptimCfg
 from ssmgate.train.run_dir import RunDir, say, to_jsonable
 from ssmgate.train.step import cast_floating
@@ -216,18 +216,6 @@ def make_evaluate(model, compute_dtype):
 
 # --- statistics --------------------------------------------------------------------------------------------
 
-def eval_curves(records: list, n_replicas: int) -> tuple[list, np.ndarray]:
-    """(eval steps, seq_accuracy (steps, K)) from metrics.jsonl records; a step evaluated twice (a
-    resumed run re-evaluates its last checkpoint) keeps its last record."""
-    by_step = {}
-    for r in records:
-        if r.get("kind") == "eval" and f"eval_{METRIC}" in r:
-            by_step[int(r["step"])] = np.asarray(r[f"eval_{METRIC}"], np.float64).reshape(n_replicas)
-    steps = sorted(by_step)
-    values = np.stack([by_step[s] for s in steps]) if steps else np.zeros((0, n_replicas))
-    return steps, values
-
-
 def plateau_accuracy(steps, values, offsets, escape) -> Optional[float]:
     """Median eval seq_accuracy of the delta >= 0 replicas over their evaluations before their escape
     (every evaluation if they never escape)."""
@@ -273,7 +261,8 @@ def run(cfg: KVRunCfg, run_dir: str) -> dict:
     escape = [None if v < 0 else int(v) for v in np.asarray(state.escape_step)]
     offsets = [r.offset for r in replicas]
     seeds = list(range(cfg.seed, cfg.seed + cfg.seeds))
-    steps, values = eval_curves(rd.read_metrics(), len(replicas))
+    steps, values = eval_curves(rd.read_metrics(), len(replicas), [METRIC])
+    values = values[METRIC]
 
     summary = {
         "program": "p1_kv", "query": task.query, "kv": dataclasses.asdict(task), "block": cfg.model.block,
