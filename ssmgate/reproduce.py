@@ -29,8 +29,8 @@ from pathlib import Path
 
 from absl import app, flags
 
-from ssmgate.report import claims
 from ssmgate.programs import registry
+from ssmgate.report import claims
 from ssmgate.report.format import replace_checks_table
 from ssmgate.train.run_dir import RunDir
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 from absl import flags
 
 from ssmgate.cli import training_flags as tf
-from ssmgate.programs.p1_fig1 import program as p1_fig1
 from ssmgate.cli.grids import parse_grid
+from ssmgate.programs.p1_fig1 import program as p1_fig1
 
 flags.DEFINE_string("panel", None, "Figure 1 panel: a, b, c or d.")
 flags.DEFINE_integer("d", None, "Key dimension d.")

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from absl import flags
 
-from ssmgate.programs.p1_horn import program as p1_horn
 from ssmgate.cli import training_flags as tf
 from ssmgate.cli.grids import parse_ints
 from ssmgate.config_error import ConfigError
+from ssmgate.programs.p1_horn import program as p1_horn
 from ssmgate.tasks import horn
 
 flags.DEFINE_enum("horn_regime", "retrieval", list(horn.REGIMES), "Horn task: training regime, in-context "

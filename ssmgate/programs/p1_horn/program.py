@@ -63,21 +63,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ssmgate.config_error import ConfigError
 from ssmgate.models import gates, presets
 from ssmgate.models.config import ModelCfg
-from ssmgate.train import lm_runs
-from ssmgate.config_error import ConfigError
-from ssmgate.train.experiment import make_mesh, run_experiment
-from ssmgate.train import sweep_results
-from ssmgate.train.sweep_results import eval_curves, gate_stats, offset_key
 from ssmgate.tasks import horn
 from ssmgate.tasks import horn_ranking as hr
 from ssmgate.tasks import length_buckets as lb
 from ssmgate.tasks.synthetic_lm import lm_loss, step_key
+from ssmgate.train import lm_runs
 from ssmgate.train import loop, mesh as meshlib, sweep
+from ssmgate.train import sweep_results
+from ssmgate.train.experiment import make_mesh, run_experiment
 from ssmgate.train.optim import OptimCfg
 from ssmgate.train.run_dir import RunDir, say, to_jsonable
 from ssmgate.train.step import cast_floating
+from ssmgate.train.sweep_results import eval_curves, gate_stats, offset_key
 
 # Fixed evaluation sets: own seeds, never a training key (training keys are step_key(seed, k)).
 SET_SEEDS = {"first_turn": 7_000_003, "no_oracle": 7_100_003, "random_oracle_name": 7_200_003}

@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from ssmgate.plotting import pyplot
-from ssmgate.report.sweeps import ci_text, curves_by_offset, draw_lengen_bands, offset_keys
 from ssmgate.report import check_bars as bars
 from ssmgate.report.format import Checks, cell, report_tail, table
+from ssmgate.report.sweeps import ci_text, curves_by_offset, draw_lengen_bands, offset_keys
 
 RUNS = ("horn_retrieval", "horn_lengen", "horn_transformer")
 PROBES = {"no_oracle": "no-oracle (memorisation probe)", "random_oracle_name": "random oracle name (retrieval probe)"}

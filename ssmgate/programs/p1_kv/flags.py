@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from absl import flags
 
-from ssmgate.programs.p1_kv import program as p1_kv
 from ssmgate.cli import training_flags as tf
-from ssmgate.config_error import ConfigError
 from ssmgate.cli.grids import parse_ints
+from ssmgate.config_error import ConfigError
+from ssmgate.programs.p1_kv import program as p1_kv
 from ssmgate.tasks import kv_retrieval as kv
 
 flags.DEFINE_enum("kv_query", "best_first", list(kv.QUERIES), "KV task: which keys are queried, the first "

@@ -48,19 +48,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ssmgate.config_error import ConfigError
 from ssmgate.models import presets
 from ssmgate.models.config import ModelCfg
-from ssmgate.config_error import ConfigError
 from ssmgate.tasks import kv_retrieval as kv
 from ssmgate.tasks import length_buckets as lb
 from ssmgate.tasks.synthetic_lm import lm_loss, step_key
 from ssmgate.train import loop, mesh as meshlib, sweep
-from ssmgate.train.experiment import make_mesh, run_experiment
 from ssmgate.train import sweep_results
-from ssmgate.train.sweep_results import eval_curves, gate_stats, linear_fit, offset_key
+from ssmgate.train.experiment import make_mesh, run_experiment
 from ssmgate.train.optim import OptimCfg
 from ssmgate.train.run_dir import RunDir, say, to_jsonable
 from ssmgate.train.step import cast_floating
+from ssmgate.train.sweep_results import eval_curves, gate_stats, linear_fit, offset_key
 
 EVAL_SEED = 5_000_011    # the in-distribution evaluation set (n = N); never a training key
 LENGEN_SEED = 6_000_007  # + n: the length-generalisation sets

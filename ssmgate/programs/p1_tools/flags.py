@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from absl import flags
 
-from ssmgate.programs.p1_tools import program as p1_tools
 from ssmgate.cli import training_flags as tf
 from ssmgate.config_error import ConfigError
+from ssmgate.programs.p1_tools import program as p1_tools
 
 _T = p1_tools.ToolsCfg()
 flags.DEFINE_string("init_run", "", "Run directory of the pretrained model (its latest checkpoint); relative = a "

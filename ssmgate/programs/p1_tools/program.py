@@ -37,19 +37,19 @@ from typing import Optional
 import jax
 import numpy as np
 
+from ssmgate.config_error import ConfigError
 from ssmgate.models import presets
 from ssmgate.models.config import ModelCfg
-from ssmgate.train import lm_decode
-from ssmgate.train import lm_runs
-from ssmgate.train.experiment import run_experiment
-from ssmgate.train.lm_runs import text_loss
-from ssmgate.train.cell_store import CellStore
-from ssmgate.config_error import ConfigError
 from ssmgate.tasks import bfcl, bfcl_checker, tool_pools, tool_prompts as tpr
 from ssmgate.tasks.synthetic_lm import LMBatch
 from ssmgate.tasks.tokenizers import load_tokenizer
+from ssmgate.train import lm_decode
+from ssmgate.train import lm_runs
 from ssmgate.train import loop, mesh as meshlib, optim, sweep
+from ssmgate.train.cell_store import CellStore
 from ssmgate.train.checkpoint import CheckpointError, Checkpointer
+from ssmgate.train.experiment import run_experiment
+from ssmgate.train.lm_runs import text_loss
 from ssmgate.train.run_dir import RunDir, say
 from ssmgate.train.writers import plot_curves
 

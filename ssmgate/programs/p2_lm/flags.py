@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from absl import flags
 
-from ssmgate.interventions import convert_mamba3 as cv
-from ssmgate.models.config import ModelCfg
 from ssmgate.cli import dataclass_flags
-from ssmgate.programs.p2_lm import program as p2_lm
 from ssmgate.cli import training_flags as tf
 from ssmgate.config_error import ConfigError
-from ssmgate.programs.p2_lm.official_gate import NativePPLGate
+from ssmgate.interventions import convert_mamba3 as cv
+from ssmgate.models.config import ModelCfg
+from ssmgate.programs.p2_lm import program as p2_lm
 from ssmgate.programs.p2_lm.long_eval import PHASE_KINDS, LongEvalCfg
+from ssmgate.programs.p2_lm.official_gate import NativePPLGate
 from ssmgate.tasks import text_corpus
 
 _T, _E = p2_lm.TextCfg(), LongEvalCfg()

@@ -18,9 +18,9 @@ import numpy as np
 from ssmgate.interventions import diagnostics, phase_trajectories
 from ssmgate.interventions.forward import Intervention, intervened_model
 from ssmgate.models.config import ModelCfg
+from ssmgate.tasks import long_context as lc
 from ssmgate.train import lm_eval
 from ssmgate.train import lm_memory
-from ssmgate.tasks import long_context as lc
 from ssmgate.train.cell_store import CellStore
 from ssmgate.train.run_dir import RunDir, say
 

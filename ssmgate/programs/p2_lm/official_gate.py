@@ -15,11 +15,11 @@ from typing import Sequence
 
 import numpy as np
 
+from ssmgate.config_error import ConfigError
 from ssmgate.interventions.forward import Intervention
 from ssmgate.models.config import ModelCfg
 from ssmgate.programs.p2_lm import long_eval
 from ssmgate.train.cell_store import CellStore
-from ssmgate.config_error import ConfigError
 from ssmgate.train.run_dir import RunDir, say
 
 RESULT_FILE = "native_ppl_gate.json"

@@ -37,20 +37,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ssmgate.models import presets
-from ssmgate.models.config import ModelCfg
-from ssmgate.models.lm import build_model
+from ssmgate.config_error import ConfigError
 from ssmgate.data import loader as data_loader
 from ssmgate.data.prepare import PrepareMismatch, prepare
 from ssmgate.data.store import TokenStore
-from ssmgate.train import lm_runs
-from ssmgate.train.experiment import run_experiment
-from ssmgate.train.lm_runs import text_loss
-from ssmgate.config_error import ConfigError
+from ssmgate.models import presets
+from ssmgate.models.config import ModelCfg
+from ssmgate.models.lm import build_model
 from ssmgate.programs.p2_lm.long_eval import LongEvalCfg, evaluate
 from ssmgate.tasks import text_corpus, text_packing
 from ssmgate.tasks.tokenizers import load_tokenizer
+from ssmgate.train import lm_runs
 from ssmgate.train import loop, mesh as meshlib, optim, sweep
+from ssmgate.train.experiment import run_experiment
+from ssmgate.train.lm_runs import text_loss
 from ssmgate.train.run_dir import RunDir, say
 from ssmgate.train.throughput import Throughput
 from ssmgate.train.writers import plot_curves

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from absl import flags
 
-from ssmgate.models import presets
-from ssmgate.programs.p2_state_tracking import program as p2
 from ssmgate.cli import training_flags as tf
 from ssmgate.config_error import ConfigError
+from ssmgate.models import presets
+from ssmgate.programs.p2_state_tracking import program as p2
 from ssmgate.tasks import state_tracking as st
 
 flags.DEFINE_list("models", list(p2.TABLE_MODELS) + ["underdamped_companion"],

@@ -28,14 +28,14 @@ from typing import Optional
 import jax
 import numpy as np
 
+from ssmgate.config_error import ConfigError
 from ssmgate.models import presets
 from ssmgate.models.config import ModelCfg
 from ssmgate.models.lm import logits as lm_logits, sown_intermediates
-from ssmgate.train.experiment import make_mesh, run_experiment
-from ssmgate.config_error import ConfigError
 from ssmgate.tasks import state_tracking as st
 from ssmgate.tasks.synthetic_lm import lm_loss, step_key
 from ssmgate.train import loop, mesh as meshlib, optim, sweep
+from ssmgate.train.experiment import make_mesh, run_experiment
 from ssmgate.train.run_dir import RunDir, say
 
 # Table 2 rows -> the state-tracking presets' cores (ssmgate.models.presets.ST_CORES).

@@ -6,8 +6,8 @@ from __future__ import annotations
 from absl import flags
 
 from ssmgate.cli import training_flags as tf
-from ssmgate.programs.train_lm import program as train_lm
 from ssmgate.config_error import ConfigError
+from ssmgate.programs.train_lm import program as train_lm
 from ssmgate.tasks import synthetic_lm
 from ssmgate.train import sweep
 

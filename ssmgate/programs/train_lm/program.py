@@ -19,13 +19,13 @@ from typing import Optional
 import jax
 import numpy as np
 
+from ssmgate.config_error import ConfigError
 from ssmgate.models import presets
 from ssmgate.models.config import ModelCfg
-from ssmgate.train.experiment import run_experiment
-from ssmgate.train import lm_runs
-from ssmgate.config_error import ConfigError
 from ssmgate.tasks import synthetic_lm
+from ssmgate.train import lm_runs
 from ssmgate.train import loop, mesh as meshlib, optim, sweep
+from ssmgate.train.experiment import run_experiment
 from ssmgate.train.run_dir import RunDir, say
 from ssmgate.train.throughput import Throughput
 from ssmgate.train.writers import plot_curves
