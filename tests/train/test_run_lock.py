@@ -45,8 +45,8 @@ def test_a_refused_resume_keeps_flags_txt_and_names_the_changed_flags_and_a_busy
                                [*TINY, "--steps=4", "--lr=1e-2", f"--run_dir={run}"]])
     assert first.returncode == 0, first.stderr[-2000:]
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
-    assert "cannot resume" in refused.stderr and "--lr: 0.005 -> 0.01" in refused.stderr
-    assert "--lr=0.005" in (run / "flags.txt").read_text() and not (run / "flags.txt.staged").exists()
+    assert "cannot resume" in refused.stderr and "--lr: 5e-3 -> 1e-2" in refused.stderr
+    assert "--lr=5e-3" in (run / "flags.txt").read_text() and not (run / "flags.txt.staged").exists()
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
