@@ -6,7 +6,8 @@ A program is a package (`ssmgate.programs.<name>`; docs/extending.md adds one st
 - `flags.py`: its own flags, `GROUPS_READ` (the shared flag groups of ssmgate.cli.training_flags it
   reads), `config_from_flags()`, `describe(cfg)` and `run(cfg, run_dir)`;
 - `program.py`: the run itself; and, for an experiment of the reproduction report,
-- `report.py`: `RUNS`, `collect`, `checks`, `recheck` and `build` (ssmgate.reproduce).
+- `report.py`: `build` (the report section and its summary entry, checks included) and `recheck`
+  (an entry judged again by today's checks), what ssmgate.reproduce calls.
 No program imports another: what two share lives in a lower layer (ssmgate.train, ssmgate.cli,
 ssmgate.report, ...); tests/test_layers.py holds that.
 """

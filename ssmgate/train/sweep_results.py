@@ -1,6 +1,7 @@
-"""What a finished gate-offset sweep reports, shared by the programs that sweep offsets: the JSON key
-of an offset, a seed interval, a least-squares fit, the gate statistics before and after training,
-and the step at which an early-stopped sweep ended (so that a rerun does not train past it)."""
+"""What a gate-offset sweep checks and reports, shared by the programs that sweep offsets: the
+offsets' checks, the JSON key of an offset, a seed interval, a least-squares fit, the gate statistics
+before and after training, the step at which an early-stopped sweep ended (so that a rerun does not
+train past it), the eval curves from metrics.jsonl and the length-generalisation evaluation."""
 from __future__ import annotations
 
 import math
