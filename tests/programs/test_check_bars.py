@@ -16,6 +16,10 @@ PINNED = {
     "horn_strong_gate_offset": 1.0, "horn_table1_factor": 1.5, "st_solved": 90.0, "st_unsolved": 10.0,
     "st_above_chance": 10.0, "st_phase_tol_deg": 10.0, "lm_table5_ratio": 1.15, "lm_min_seeds": 2,
     "lm_memory_growth": 0.1,
+    "theory_type_agreement": 1.0, "theory_zeta_tol": 1e-9, "theory_expm_rel": 1e-6, "theory_critical_tol": 1e-3,
+    "theory_overdamped_cos": 0.999, "theory_angle_tol": 1e-9, "theory_gain_tol_0": 0.1, "theory_gain_tol_pi2": 1e-3,
+    "lm_fig2_change_lo": -45.0, "lm_fig2_change_hi": 3.0,
+    "fig1d_contour_r2": 0.9, "fig1d_tau_ll_d": 8, "kv_fit_min_offsets": 3, "horn_near_perfect": 0.95, "horn_copies": 0.9,
 }
 
 

@@ -249,7 +249,7 @@ def test_report_entry_checks_and_figures(tmp_path):
     assert entry["lengen_accuracy"]["2"]["128"] == pytest.approx(0.8)
     assert list(entry["lengen_accuracy"]) == ["-6", "-2", "0", "2"]
     assert entry["transformer_lengen_accuracy"]["128"] == pytest.approx(0.02)
-    assert entry["checks"] == {"plateau_within_0.06_of_memoriser": True, "escape_strictly_later_as_offset_grows": True,
+    assert entry["checks"] == {"plateau_within_0.06_of_memoriser": True, "escape_later_as_offset_grows": True,
                                "smallest_offset_escapes": True, "escape_fit_r2_ge_0.7": True,
                                "strongest_gate_strictly_best_at_4N": True, "strongest_gate_above_memoriser_at_4N": True}
     for name in ("p1_kv_fig2a.png", "p1_kv_fig2b.png", "p1_kv_fig2c.png"):
@@ -271,11 +271,15 @@ def test_report_writes_step_counts_in_whole_steps(tmp_path):
 @pytest.mark.parametrize("kw, failing", [
     (dict(plateau=0.45), ["plateau_within_0.06_of_memoriser"]),
     (dict(escape={"-6": [300, 400, 500], "-2": [100, 200, 250], "0": [590, 600, 610], "2": [1572, 1582, 1592]}),
-     ["escape_strictly_later_as_offset_grows"]),
+     ["escape_later_as_offset_grows"]),
     (dict(escape={"-6": [390, 400, 410], "-2": [411, 421, 431], "0": [None] * 3, "2": [None] * 3}),
-     ["escape_strictly_later_as_offset_grows", "escape_fit_r2_ge_0.7"]),  # two gates that never escape tie
+     ["escape_fit_r2_ge_0.7"]),  # never-escapers tie, as the paper's delta >= 0; two escaping offsets fit nothing
+    (dict(escape={"-6": [390, 400, 410], "-2": [None] * 3, "0": [411, 421, 431], "2": [None] * 3}),
+     ["escape_later_as_offset_grows", "escape_fit_r2_ge_0.7"]),  # an escape after a never-escaper
+    (dict(escape={"-6": [390, 400, 410], "-2": [400, 400, 400], "0": [None] * 3, "2": [None] * 3}),
+     ["escape_later_as_offset_grows", "escape_fit_r2_ge_0.7"]),  # two escaping gates tie: strict
     (dict(escape={"-6": [None, None, 500], "-2": [None] * 3, "0": [None] * 3, "2": [None] * 3}),
-     ["escape_strictly_later_as_offset_grows", "smallest_offset_escapes", "escape_fit_r2_ge_0.7"]),
+     ["smallest_offset_escapes", "escape_fit_r2_ge_0.7"]),
     (dict(escape={"-6": [100, 400, 2000], "-2": [410, 421, 431], "0": [300, 560, 1900], "2": [1000, 1582, 1600]}),
      ["escape_fit_r2_ge_0.7"]),
     (dict(lengen={"-6": 0.5, "-2": 0.2, "0": 0.3, "2": 0.4}), ["strongest_gate_strictly_best_at_4N",

@@ -71,3 +71,18 @@ def test_other_scales_and_partial_grids_have_no_time_check(tmp_path):
     assert "cpu_grid_within_60_min" not in report.build(runs(), "quick", {}, walls, tmp_path / "f", tmp_path)[0]["checks"]
     del walls["state_tracking_arith"]
     assert "cpu_grid_within_60_min" not in report.build(runs(), "cpu", {}, walls, tmp_path / "f", tmp_path)[0]["checks"]
+
+
+def test_every_test_length_is_shown_in_model_order(tmp_path):
+    """A task tested at a training length too (arithmetic at 63) shows it beside the long lengths."""
+    r = runs()
+    arith = r["state_tracking_arith"]
+    arith["test_lens"].append(63)
+    for m in arith["scaled_accuracy"]:
+        arith["scaled_accuracy"][m]["63"] = 70.0
+    entry, text = report.build(r, "cpu", {}, {}, tmp_path / "figures", tmp_path)
+    assert entry["scaled_accuracy"]["mamba2"]["arith"] == 30.0  # Table 2 stays at the first length
+    header = "| model | parity at 224 | parity at 256 | mod3 at 224 | mod3 at 256 | arith at 63 | arith at 223 | arith at 255 |"
+    assert header in text
+    assert text.index("| Mamba-2 | 1 | 0 |") < text.index("| underdamped (Mamba-3) | 99 | 98 |")
+    assert "| underdamped (Mamba-3) | 99 | 98 | 95 | 94 | 70 | 90 | 89 |" in text

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
+
+import numpy as np
 
 from ssmgate.report import check_bars as bars
 from ssmgate.report.format import Checks, cell as _f, checks_table, table as _table
@@ -11,6 +14,19 @@ from ssmgate.report.format import Checks, cell as _f, checks_table, table as _ta
 PAPER = {  # the paper's readings and protocol §2.6 / §9.1 references
     "alpha_star": 0.158, "no_decay_accuracy": 0.638,
 }
+
+
+def contour_fit(tau, delta_max, tau_log, ratio: float) -> dict:
+    """Least-squares fit through the origin of delta_max = c tau log(d/tau) over the taus with d/tau >= ratio
+    (tau << d, read off tau_log itself: log(d/tau) = tau_log / tau); {"c", "r2", "n"}."""
+    pts = [(tl, dm) for t, dm, tl in zip(tau, delta_max, tau_log) if tl is not None and tl / t >= math.log(ratio)]
+    if len(pts) < 2:
+        return {"c": None, "r2": None, "n": len(pts)}
+    x, y = (np.asarray(v, np.float64) for v in zip(*pts))
+    c = float(x @ y / (x @ x))
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float(((y - c * x) ** 2).sum()) / ss_tot if ss_tot > 0 else None
+    return {"c": c, "r2": r2, "n": len(pts)}
 
 
 def _checks(runs, at_paper_size: bool) -> Checks:
@@ -40,6 +56,14 @@ def _checks(runs, at_paper_size: bool) -> Checks:
                    bars.source("fig1c_no_decay_tol"))
         checks.add("fig1c_rise_then_fall_for_delta_ge_16", bool(c["rise_then_fall"]) and all(c["rise_then_fall"].values()),
                    "P1 Fig 1c: for distant keys accuracy first rises, then falls as tau grows", "P1 Fig 1c")
+    if d and d.get("tau_log_d_over_tau"):
+        ratio, r2_bar = bars.bar("fig1d_tau_ll_d"), bars.bar("fig1d_contour_r2")
+        fits = {level: contour_fit(d["tau"], d[f"delta_max_{level}"], d["tau_log_d_over_tau"], ratio)
+                for level in (80, 90)}
+        checks.add(f"fig1d_contour_prop_to_tau_log_d_over_tau_r2_ge_{r2_bar:g}",
+                   all(f["n"] >= 3 and f["r2"] >= r2_bar for f in fits.values()),
+                   "P1 Fig 1d (Prop 9): for tau << d the contour of the trained accuracy (the last distance at "
+                   "accuracy >= 0.8 and >= 0.9) grows as tau log(d/tau)", bars.source("fig1d_contour_r2", "fig1d_tau_ll_d"))
     if c or d:
         tol = bars.bar("fig1cd_bayes_tol")
         # Fig 1d compared at every single distance, not in bins (binning averages deviations away)
@@ -47,7 +71,8 @@ def _checks(runs, at_paper_size: bool) -> Checks:
         if d:
             gaps.append(d["max_abs_diff_to_bayes_per_distance"])
         checks.add(f"fig1cd_max_abs_diff_to_bayes_per_distance_le_{tol:g}", max(gaps) <= tol,
-                   "P1 Fig 1c/d: the trained models score the Bayes-optimal accuracy at every tau and distance",
+                   "P1 Fig 1c/d: the trained models score the Bayes-optimal accuracy at every tau and single "
+                   "distance (our bar: the paper shows the curves and the binned heat map)",
                    bars.source("fig1cd_bayes_tol"))
     return checks
 
@@ -117,6 +142,12 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
             d["tau"], d["delta_max_80"], d["bayes_delta_max_80"], d["delta_max_90"], d["bayes_delta_max_90"],
             d["tau_log_d_over_tau"])]
         md.append(_table(["τ", "Δmax(acc≥0.8) ours", "Bayes", "Δmax(acc≥0.9) ours", "Bayes", "τ log(d/τ)"], rows))
+        fits = {lv: contour_fit(d["tau"], d[f"delta_max_{lv}"], d["tau_log_d_over_tau"], bars.bar("fig1d_tau_ll_d"))
+                for lv in (80, 90)}
+        md.append("Prop 9's contour: fitting Δmax = c·τ log(d/τ) through the origin over τ ≤ d/"
+                  f"{bars.bar('fig1d_tau_ll_d'):g} gives " + "; ".join(
+                      f"at accuracy ≥ 0.{lv // 10}: c = {_f(f['c'])}, R² = {_f(f['r2'])} ({f['n']} τ)"
+                      for lv, f in fits.items()) + ".\n")
         md.append(f"The heat map's cells are (τ, distance bin) with the bins {d['bins']}; max over them of "
                   f"abs(ours − Bayes), each averaged over the bin's distances: {_f(d['max_abs_diff_to_bayes'])} "
                   f"(per single distance: {_f(d['max_abs_diff_to_bayes_per_distance'])}).\n")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from absl import flags
 
 from ssmgate.cli import training_flags as tf
-from ssmgate.cli.grids import parse_ints
+from ssmgate.cli.grids import parse_grid, parse_ints
 from ssmgate.config_error import ConfigError
 from ssmgate.programs.p1_horn import program as p1_horn
 from ssmgate.tasks import horn
@@ -38,6 +38,9 @@ flags.DEFINE_integer("horn_probe_k", None, "Retrieval regime: pool size of the n
 flags.DEFINE_integer("horn_probe_n", None, "Retrieval regime: examples per probe set (default --eval_n).")
 flags.DEFINE_string("horn_lengen_ks", "", "Lengen regime: pool sizes evaluated after training (e.g. "
                     "'1,2,4,8,16,32,64,128'); empty = protocol §4.5's 1, 2, 4, ..., 128 up to --horn_K.")
+flags.DEFINE_string("horn_weak_betas", "", "Lengen regime: also evaluate at lengen_ks with a weak retriever, pools "
+                    "from a PL ranking at each of these finite betas with no oracle injected (P1 Fig 5 top: '0,1'); "
+                    "empty = none.")
 flags.DEFINE_float("horn_early_frac", 0.1, "The 'early' probe values are the first evaluation at or after this "
                    "fraction of training.")
 flags.DEFINE_integer("horn_gate_prompts", 64, "Prompts of the token-averaged gate statistics (protocol §2.5).")
@@ -58,6 +61,10 @@ def config_from_flags() -> p1_horn.HornRunCfg:
         lengen_ks = parse_ints("horn_lengen_ks", FLAGS.horn_lengen_ks)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    try:
+        weak_betas = parse_grid("horn_weak_betas", FLAGS.horn_weak_betas)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if not lengen_ks and FLAGS.horn_regime == "lengen":
         lengen_ks = tuple(k for k in horn.LENGEN_KS if k <= FLAGS.horn_K)
     model = tf.model_cfg()  # validated; a bad model flag names itself
@@ -65,7 +72,8 @@ def config_from_flags() -> p1_horn.HornRunCfg:
         horn=task, model=model, optim=tf.optim_cfg(lr, steps), loop=tf.loop_cfg(steps, name=PROGRAM),
         mesh=tf.mesh_cfg(), lr=lr, offsets=tuple(offsets), seeds=FLAGS.seeds, seed=FLAGS.seed,
         eval_n=FLAGS.eval_n, probe_n=FLAGS.horn_probe_n, probe_k=FLAGS.horn_probe_k, lengen_ks=lengen_ks,
-        lengen_eval_n=FLAGS.lengen_eval_n, early_frac=FLAGS.horn_early_frac, gate_prompts=FLAGS.horn_gate_prompts,
+        lengen_eval_n=FLAGS.lengen_eval_n, weak_betas=weak_betas, early_frac=FLAGS.horn_early_frac,
+        gate_prompts=FLAGS.horn_gate_prompts,
         escape_thr=FLAGS.escape_thr, stop_thr=FLAGS.stop_thr, preset=tf.preset())
     return cfg.validate()
 

@@ -19,6 +19,10 @@ probe_k = min(PROBE_K = 32, k_max) unless given. `early` is the first evaluation
 early_frac x steps (the last one if there is none), `final` the last.
 After training, the lengen regime evaluates every replica at each pool size of `lengen_ks` (PL pools,
 reverse rank order, fresh names; first-turn accuracy, rule class1; fixed sets from own seeds): Fig 3d.
+With `weak_betas` it also evaluates them with a weak retriever (P1 App. C, Fig 5 top; protocol §5.4): the
+pools are the top k of a PL ranking at each finite beta (0 virtually random, 1 noisily ordered), no oracle
+injected, so a pool may hold no class-1 clause and its row then counts as a failure (end-to-end success);
+beside it the measured recall@k, the fraction of rows whose pool holds a class-1 clause.
 Gate statistics (Mamba-2, protocol §2.5 / Table 1) per replica from the initial and final parameters:
 median over all heads of tau = 1/(softplus(dt_bias) e^{A_log}) and the median |delta alpha|
 (sweep_results.gate_stats), and the token-averaged variant with dt_t averaged over the valid tokens of
@@ -40,6 +44,8 @@ summary.json:
   "lengen_ks", "lengen_accuracy" {offset: {k: {mean, ci95_lo, ci95_hi, per_seed}}} (lengen regime;
       a t-interval over seeds, lo = hi = mean with one seed), "lengen_examples" {k: examples},
       "lengen_detail" {k: [{accuracy, loss} per replica]},
+  "weak_betas", "weak_accuracy" {beta: {offset: {k: {mean, ci95_lo, ci95_hi, per_seed}}}} and "weak_recall"
+      {beta: {k: fraction of rows with a class-1 clause in the pool}} (lengen regime with weak_betas),
   Mamba-2 only: "median_tau" {offset: {"init": [per seed], "final": [per seed]}}, "median_alpha_change"
       {offset: [per seed]}, the same token-averaged as "median_tau_token", "median_alpha_change_token",
       and "table1" / "table1_token" {offset: {median_tau_before, median_tau_after, median_abs_dalpha}}
@@ -82,6 +88,7 @@ from ssmgate.train.sweep_results import eval_curves, gate_stats, offset_key
 # Fixed evaluation sets: own seeds, never a training key (training keys are step_key(seed, k)).
 SET_SEEDS = {"first_turn": 7_000_003, "no_oracle": 7_100_003, "random_oracle_name": 7_200_003}
 LENGEN_SEED = 7_300_000   # + k
+WEAK_SEED = 7_500_000     # + 1000 x beta index + k
 GATE_SEED = 7_400_009     # the token-averaged gate statistics' prompts
 GATE_CHUNK = 8            # prompts per forward pass of the token-averaged gate statistics
 PROBES = ("no_oracle", "random_oracle_name")
@@ -110,6 +117,7 @@ class HornRunCfg:
     probe_k: Optional[int] = None         # None: min(PROBE_K, k_max)
     lengen_ks: tuple = ()
     lengen_eval_n: Optional[int] = None   # None: eval_n
+    weak_betas: tuple = ()                # finite PL betas of the weak-retriever evaluation (lengen regime)
     early_frac: float = 0.1
     gate_prompts: int = 64
     escape_thr: Optional[float] = None
@@ -200,6 +208,15 @@ class HornRunCfg:
                                   "(a pool holds clauses of one layer)")
         if len(set(self.lengen_ks)) != len(self.lengen_ks):
             raise ConfigError(f"--horn_lengen_ks={','.join(map(str, self.lengen_ks))}: expected distinct pool sizes")
+        if self.weak_betas:
+            text = ",".join(f"{b:g}" for b in self.weak_betas)
+            if regime != "lengen":
+                raise ConfigError(f"--horn_weak_betas={text}: the weak retriever evaluates the length-generalisation "
+                                  "models (--horn_regime=lengen, P1 App. C); expected it empty")
+            if not all(math.isfinite(b) and b >= 0 for b in self.weak_betas) or len(set(self.weak_betas)) != len(
+                    self.weak_betas):
+                raise ConfigError(f"--horn_weak_betas={text}: expected distinct finite PL betas >= 0 (0: random "
+                                  "pools, 1: noisily ordered)")
         return self
 
 
@@ -434,6 +451,8 @@ def run(cfg: HornRunCfg, run_dir: str) -> dict:
     final_params = built.params(state)
     if cfg.lengen_ks:
         summary.update(length_generalisation(cfg, graph, evaluate, final_params, replicas))
+    if cfg.weak_betas:
+        summary.update(weak_retrieval(cfg, graph, evaluate, final_params, replicas))
     summary.update(gate_stats(built, cfg.model, replicas, final_params))
     if cfg.model.block == "mamba2":
         task_p = dataclasses.replace(task, turns="first", batch=cfg.gate_prompts)
@@ -484,6 +503,23 @@ def length_generalisation(cfg: HornRunCfg, graph, evaluate, params, replicas) ->
         keep=("accuracy", "loss"))
 
 
+def weak_retrieval(cfg: HornRunCfg, graph, evaluate, params, replicas) -> dict:
+    """P1 Fig 5 (top): every replica at each pool size of lengen_ks with pools from a weak retriever (PL at each
+    beta of weak_betas, no oracle injected); end-to-end first-turn accuracy and the sets' recall@k."""
+    examples = cfg.lengen_eval_n or cfg.eval_n
+    accuracy, recall = {}, {}
+    for i, beta in enumerate(cfg.weak_betas):
+        weak = dataclasses.replace(cfg, horn=dataclasses.replace(cfg.horn, beta=beta))
+        make_set = lambda k: fixed_set(weak, graph, WEAK_SEED + 1000 * i + k, "lengen", k, k, examples)
+        key = f"{beta:g}"
+        recall[key] = {str(k): float(jnp.mean(make_set(k).oracle_pos >= 0)) for k in cfg.lengen_ks}
+        say(f"[p1_horn] weak retriever beta {key}: recall@k " + ", ".join(f"{k} {r:.3f}" for k, r in recall[key].items()))
+        accuracy[key] = sweep_results.length_generalisation(
+            cfg.lengen_ks, make_set, lambda p, d: evaluate(p, d, "class1"), params, replicas, cfg.offsets,
+            "accuracy", f"p1_horn weak beta {key}", keep=("accuracy",))["lengen_accuracy"]
+    return {"weak_betas": [f"{b:g}" for b in cfg.weak_betas], "weak_accuracy": accuracy, "weak_recall": recall}
+
+
 def describe(cfg: HornRunCfg) -> str:
     """The --dry_run report: task, graph, lengths, model size, optimizer, replicas, evaluation sets, mesh."""
     t = cfg.horn
@@ -510,6 +546,9 @@ def describe(cfg: HornRunCfg) -> str:
         chunks, chunk = eval_chunk(cfg, k, cfg.lengen_eval_n or cfg.eval_n)
         lines.append(f"length generalisation k = {k}: {horn.seq_len(k)} tokens, {chunks * chunk} examples "
                      f"({chunks} chunk(s) of {chunk})")
+    if cfg.weak_betas:
+        lines.append(f"weak retriever (Fig 5 top): PL pools at beta {', '.join(f'{b:g}' for b in cfg.weak_betas)}, "
+                     "no oracle injected, at the same pool sizes")
     lines += ["", presets.count_table(cfg.model, cfg.preset or "")]
     mesh, note = meshlib.mesh_for_description(cfg.mesh)
     lines.append(f"mesh {dict(mesh.shape)}{note}")

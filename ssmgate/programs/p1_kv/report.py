@@ -11,10 +11,11 @@ with figures 2a (eval sequence accuracy vs step per offset, the seed with the me
 2b (escape step vs e^delta, the linear fit and R^2) and 2c (sequence accuracy vs pairs n with 95%
 CI bands, the Transformer beside) next to the paper's reference values (protocol §3.4).
 
-Checks (`checks`; thresholds and their sources in check_bars.py; every ordering strict, so a tie,
-two offsets that never escape included, fails): the plateau against the memoriser, the escape order
-and the weakest gate's escape, Fig 2b's R^2, and Fig 2c at 4N (the strongest gate strictly best, and
-above the memoriser's plateau: retrieval, not memory).
+Checks (`checks`; thresholds and their sources in check_bars.py; orderings strict, except that gates
+which never escape tie, as the paper's delta >= 0 gates do): the plateau against the memoriser, the
+escape order and the weakest gate's escape, Fig 2b's R^2 over the escapes of at least three offsets,
+and Fig 2c at 4N (the strongest gate strictly best, and above the memoriser's plateau: retrieval, not
+memory).
 """
 from __future__ import annotations
 
@@ -52,6 +53,14 @@ def _lengen_n(run: dict) -> str | None:
     return str(four_n if four_n in ns else ns[-1])
 
 
+def _later_or_never(medians: list) -> bool:
+    """Finite medians strictly increasing, every never-escaper (inf) after them; inf ties inf."""
+    finite = [m for m in medians if math.isfinite(m)]
+    first_never = next((i for i, m in enumerate(medians) if not math.isfinite(m)), len(medians))
+    return (all(a < b for a, b in zip(finite, finite[1:]))
+            and all(not math.isfinite(m) for m in medians[first_never:]))
+
+
 def collect(runs: dict) -> dict:
     entry: dict = {}
     first = runs.get("kv_best_first")
@@ -77,7 +86,7 @@ def collect(runs: dict) -> dict:
 
 
 def checks(runs: dict, entry: dict) -> Checks:
-    """The P1 Fig 2 claims at the papers' bars (check_bars.py); every ordering strict."""
+    """The P1 Fig 2 claims at the papers' bars (check_bars.py); orderings strict but for never-escapers."""
     out = Checks()
     tol = bars.bar("kv_plateau_tol")
     if entry.get("plateau_accuracy") is not None:
@@ -87,16 +96,19 @@ def checks(runs: dict, entry: dict) -> Checks:
                 bars.source("kv_plateau_tol"))
     if entry.get("escape_step"):
         medians = [_median_escape(entry["escape_step"][o]) for o in offset_keys(entry["escape_step"])]
-        out.add("escape_strictly_later_as_offset_grows", all(a < b for a, b in zip(medians, medians[1:])),
-                "P1 Fig 2a/b: the median escape step grows with the gate offset (two gates that never escape "
-                "tie, and a tie fails)", "P1 Fig 2b (an ordering)")
+        out.add("escape_later_as_offset_grows", _later_or_never(medians),
+                "P1 Fig 2a/b: the median escape step grows with the gate offset: strictly among the gates that "
+                "escape, and every gate that never escapes comes after them (never-escapers tie, as the paper's "
+                "delta >= 0 gates all stay on the plateau)", "P1 Fig 2a/b (an ordering; never-escapers tie as in "
+                "the paper)")
         out.add("smallest_offset_escapes", math.isfinite(medians[0]),
                 "P1 Fig 2a: the weakest gate escapes the plateau", "P1 Fig 2a")
-    r2 = entry.get("escape_fit_r2")
-    if entry.get("escape_step"):
-        bar = bars.bar("kv_escape_r2")
-        out.add(f"escape_fit_r2_ge_{bar:g}", r2 is not None and r2 >= bar,
-                "P1 Fig 2b: the escape step is linear in e^delta", bars.source("kv_escape_r2"))
+        bar, min_offsets = bars.bar("kv_escape_r2"), int(bars.bar("kv_fit_min_offsets"))
+        escaping = sum(any(s is not None for s in steps) for steps in entry["escape_step"].values())
+        r2 = entry.get("escape_fit_r2")
+        out.add(f"escape_fit_r2_ge_{bar:g}", escaping >= min_offsets and r2 is not None and r2 >= bar,
+                f"P1 Fig 2b: the escape step is linear in e^delta, fitted over the escapes of at least {min_offsets} "
+                f"offsets (here {escaping})", bars.source("kv_escape_r2", "kv_fit_min_offsets"))
     n = _lengen_n(runs["kv_best_last"]) if "kv_best_last" in runs else entry.get("lengen_n")
     if n is None and entry.get("lengen_accuracy"):  # an entry written before lengen_n: the largest n run
         n = max(set.intersection(*(set(v) for v in entry["lengen_accuracy"].values())), key=int)

@@ -153,6 +153,19 @@ def _table2(entry: dict) -> str:
     return table(["model (ours, paper in parentheses)", "Parity", "Mod 3", "Arithmetic"], rows)
 
 
+def _all_lengths(entry: dict) -> list[str]:
+    """Scaled accuracy at every test length of each task (a length below the test length is within training:
+    in-distribution beside the long one), when some task was tested at more than one length."""
+    cols = sorted({(t, n) for by_t in entry["scaled_accuracy_all"].values() for t, by_n in by_t.items() for n in by_n},
+                  key=lambda c: (TASKS.index(c[0]), int(c[1])))
+    if len(cols) <= len({t for t, _ in cols}):
+        return []
+    by_model = entry["scaled_accuracy_all"]
+    rows = [[MODEL_NAMES[m], *[by_model[m].get(t, {}).get(n) for t, n in cols]] for m in MODEL_NAMES if m in by_model]
+    return ["Scaled accuracy at every test length (each model at the learning rate chosen at the first):", "",
+            table(["model", *[f"{t} at {n}" for t, n in cols]], rows)]
+
+
 def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, run_root: Path):
     del run_root  # everything needed is in the summaries
     figure_dir.mkdir(parents=True, exist_ok=True)
@@ -166,6 +179,7 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
              "Scaled accuracy (%) = 100 (acc − chance) / (1 − chance) at the test length (224; 223 for "
              "arithmetic), each model's learning rate chosen on validation sequences of that length.", "",
              _table2(entry)]
+    lines += _all_lengths(entry)
     lr_rows = [[MODEL_NAMES[m], *[entry["chosen_lr"][m].get(t) for t in TASKS]] for m in entry["chosen_lr"]]
     lines += ["Chosen learning rates:", "", table(["model", "Parity", "Mod 3", "Arithmetic"], lr_rows)]
     if plot_phase_code(runs, figure_dir / "p2_phase_code.png"):
