@@ -122,7 +122,66 @@ def test_the_report_section(finished, tmp_path):
     assert entry["checks"] == {"weak_gate_accuracy_above_strong_at_k3": True,
                                "hallucination_s16_above_s0.06_at_k3": True}
     assert entry["accuracy"]["0.06"]["3"] == 0.3 and (tmp_path / "p1_tools.png").exists()
-    assert "| s | accuracy at k=3 |" in md and "Runs without a summary (failed or not run): tools_pretrain" in md
+    assert "| model | accuracy at k=3 |" in md and "| s = 0.06 | 0.3 |" in md
+    assert "Runs without a summary (failed or not run): tools_pretrain, tools_transformer_pretrain, " \
+           "tools_transformer" in md
+    assert "β = 0.05:" in md and "| recall@k |" in md   # Fig 5's BFCL row as a table
+
+
+TINY_LLAMA = ModelCfg(block="llama", vocab_size=258, d_model=16, n_layers=1, n_heads=2, mlp="swiglu", d_mlp=16)
+
+
+def test_a_transformer_is_fine_tuned_and_scored_as_one_replica_and_reported_beside_the_gates(finished, tmp_path):
+    """Fig 4's Transformer: the same program with a Llama and no gate (s = 1), beside the Mamba gates."""
+    _, _, mamba = finished
+    s = p1_tools.run(make_cfg(model=TINY_LLAMA, scales=(1.0,)), str(tmp_path / "tools_transformer"))
+    assert s["gate_scales"] == ["1"] and set(s["accuracy"]["1"]) == {"1", "3"}
+    entry, md = p1_tools_report.build({"tools_sft": mamba, "tools_transformer": s}, "quick", {}, {}, tmp_path,
+                                      tmp_path)
+    assert entry["transformer_accuracy"] == s["accuracy"]["1"] and entry["transformer_k_max_train"] == 2
+    assert set(entry["transformer_weak"]) == {"0.05"}
+    assert "| Transformer |" in md and (tmp_path / "p1_tools.png").exists()
+    below = all(s["accuracy"]["1"]["3"] < row["3"] for row in mamba["accuracy"].values())
+    assert entry["checks"]["transformer_accuracy_below_every_gate_at_k3"] is below   # False on a tie (0 = 0)
+    assert "transformer_accuracy_falls_beyond_training_limit_k2" not in entry["checks"]  # k = 2 not evaluated
+
+
+def _fig4(gates: dict, transformer: dict, k_train=8) -> dict:
+    return {"gate_scales": list(gates), "accuracy": gates, "transformer_accuracy": transformer,
+            "transformer_k_max_train": k_train}
+
+
+@pytest.mark.parametrize("gates, transformer, below, falls", [
+    ({"0.06": {"8": 0.5, "32": 0.3}, "16": {"8": 0.5, "32": 0.2}}, {"8": 0.6, "32": 0.01}, True, True),
+    ({"0.06": {"8": 0.5, "32": 0.3}, "16": {"8": 0.5, "32": 0.2}}, {"8": 0.6, "32": 0.2}, False, True),   # ties s=16
+    ({"0.06": {"8": 0.5, "32": 0.3}, "16": {"8": 0.5, "32": 0.0}}, {"8": 0.6, "32": 0.1}, False, True),   # above one
+    ({"0.06": {"8": 0.5, "32": 0.3}, "16": {"8": 0.5, "32": 0.2}}, {"8": 0.1, "32": 0.1}, True, False),   # no fall
+])
+def test_the_transformer_checks_of_fig4(gates, transformer, below, falls):
+    checks = p1_tools_report.checks(_fig4(gates, transformer))
+    assert checks["transformer_accuracy_below_every_gate_at_k32"] is below
+    assert checks["transformer_accuracy_falls_beyond_training_limit_k8"] is falls
+    assert all(checks.notes[n][0] and checks.notes[n][1] for n in checks)
+    no_limit = p1_tools_report.checks(_fig4(gates, {"32": 0.01}))   # the training limit was not evaluated
+    assert "transformer_accuracy_falls_beyond_training_limit_k8" not in no_limit
+
+
+def _fig5(s006: dict, s1: dict, beta="10") -> dict:
+    return {"weak": {beta: {"0.06": s006, "1": s1, "16": {k: 0.0 for k in s1}}}}
+
+
+@pytest.mark.parametrize("s006, s1, passed", [
+    ({"4": 0.5, "32": 0.1}, {"4": 0.5, "32": 0.45}, True),    # s = 0.06 drops, s = 1 about stable
+    ({"4": 0.5, "32": 0.1}, {"4": 0.5, "32": 0.8}, True),     # s = 1 rises by less than s = 0.06 falls
+    ({"4": 0.5, "32": 0.4}, {"4": 0.5, "32": 0.2}, False),    # s = 1 moves more
+    ({"4": 0.5, "32": 0.4}, {"4": 0.3, "32": 0.4}, False),    # a tie fails
+    ({"4": 0.0, "32": 0.0}, {"4": 0.0, "32": 0.0}, False),    # nothing learnt: nothing falls
+    ({"4": 0.2, "32": 0.5}, {"4": 0.5, "32": 0.5}, False),    # s = 0.06 rises
+])
+def test_the_fig5_bfcl_check(s006, s1, passed):
+    checks = p1_tools_report.checks(_fig5(s006, s1))
+    assert checks == {"fig5_bfcl_beta10_s0.06_falls_more_than_s1_moves_k4_to_k32": passed}
+    assert p1_tools_report.checks(_fig5(s006, s1, beta="0.05")) == {}   # only the ordered retriever (beta 10)
 
 
 def test_flag_files_dry_run():
@@ -130,3 +189,20 @@ def test_flag_files_dry_run():
     for path, res in dry_run_flag_files(paths).items():
         assert res.returncode == 0, (path, res.stderr[-2000:])
         assert "gate scales: 0.06, 0.12, 0.25, 1, 4, 8, 16 (one vmapped sweep)" in res.stdout
+
+
+def test_transformer_flag_files_dry_run():
+    """Fig 4's Transformer: the 2B Llama at paper scale, about the cpu Mamba-2's size (252,208) at cpu scale."""
+    scales = ("", "cpu/", "quick/")
+    sft = [f"experiments/p1/{where}tools_transformer.flags" for where in scales]
+    pre = [f"experiments/p1/{where}tools_transformer_pretrain.flags" for where in scales]
+    got = dry_run_flag_files(sft + pre)
+    for path, res in got.items():
+        assert res.returncode == 0, (path, res.stderr[-2000:])
+        assert "block='llama'" in res.stdout, path
+    for path in sft:
+        out = got[str(path)].stdout
+        assert "gate scales: 1 (one vmapped sweep)" in out and "init_run: tools_transformer_pretrain" in out
+    assert "total                        1,953,613,824" in got[pre[0]].stdout
+    assert "total              263,040" in got[pre[1]].stdout and "total              263,040" in got[sft[1]].stdout
+    assert "weak_betas=()" in got[sft[1]].stdout and "weak_betas=(0.05, 10.0)" in got[sft[0]].stdout

@@ -9,7 +9,8 @@
    e^lambda before fine-tuning), all fine-tuned by one vmapped program on the same batches:
    tool-calling prompts built from BFCL python simple's documents (`tasks.tool_prompts`) for the
    functions that are not held out, pools of k ~ U{1..--tools_k_max} by BM25 with the correct
-   tool injected (`tasks.tool_pools.main_pool`), the loss on the answer's bytes.
+   tool injected (`tasks.tool_pools.main_pool`), the loss on the answer's bytes. A model without
+   a gate (Fig 4's Transformer, `--block=llama`) is one replica at `--gate_offset=0`.
 3. Evaluation on the held-out functions' questions: greedy decoding of each replica at every pool
    size of `--tools_eval_k` (main setting) and, for every strength of `--weak_betas`, at
    `--weak_eval_k` with the weak Plackett–Luce retriever (no injection); every output scored by
