@@ -6,6 +6,8 @@ phi_t = sum_{s <= t} dt_s theta_s. Its "phase travel" over the span is sum_t |dt
 Channels that complete at least one full turn (travel >= 2 pi) are ranked by travel and the ones
 nearest chosen percentiles (10th / 50th / 99th: slow, medium, fast) are drawn as cos phi_t and
 sin phi_t against the token offset from the end of the sequence. Illustrative, as in the paper.
+`class_numbers` puts numbers on the figure: per class the cycles completed over the span
+(travel / 2 pi) and the tokens per cycle, and the travel ratios between the classes.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import numpy as np
 from ssmgate.models.lm import LanguageModel, sown_intermediates
 
 FULL_TURN = 2.0 * np.pi
+CLASSES = {"slow": 10.0, "medium": 50.0, "fast": 99.0}  # protocol §8.5: the percentiles of travel drawn
 
 
 class Channel(NamedTuple):
@@ -44,7 +47,7 @@ def phase_travel(increments_lthr: np.ndarray) -> np.ndarray:
     return np.abs(increments_lthr).sum(axis=1)
 
 
-def pick_channels(travel_lhr: np.ndarray, percentiles: Sequence[float] = (10, 50, 99),
+def pick_channels(travel_lhr: np.ndarray, percentiles: Sequence[float] = tuple(CLASSES.values()),
                   min_travel: float = FULL_TURN) -> list[Channel]:
     """Among the channels with travel >= min_travel, the one nearest each percentile of travel."""
     eligible = np.argwhere(travel_lhr >= min_travel)
@@ -58,6 +61,27 @@ def pick_channels(travel_lhr: np.ndarray, percentiles: Sequence[float] = (10, 50
         i = int(np.argmin(np.abs(values - target)))
         picks.append(Channel(*(int(v) for v in eligible[i]), float(values[i]), float(q)))
     return picks
+
+
+def class_numbers(channels: Sequence[Channel], tokens: int) -> dict:
+    """The channels picked at CLASSES' percentiles as numbers: {"classes": {slow | medium | fast: {layer,
+    head, pair, percentile, travel (rad), cycles (travel / 2 pi), tokens_per_cycle}}, "travel_ratio":
+    {fast_over_slow, medium_over_slow, fast_over_medium}}."""
+    by_pct = {c.percentile: c for c in channels}
+    missing = [name for name, q in CLASSES.items() if float(q) not in by_pct]
+    if missing:
+        raise ValueError(f"class_numbers: no channel picked for {', '.join(missing)} "
+                         f"(percentiles {sorted(by_pct)}; expected {list(CLASSES.values())})")
+    classes = {}
+    for name, q in CLASSES.items():
+        c = by_pct[float(q)]
+        cycles = c.travel / FULL_TURN
+        classes[name] = {"layer": c.layer, "head": c.head, "pair": c.pair, "percentile": c.percentile,
+                         "travel": c.travel, "cycles": cycles, "tokens_per_cycle": tokens / cycles}
+    t = {name: v["travel"] for name, v in classes.items()}
+    return {"classes": classes, "travel_ratio": {"fast_over_slow": t["fast"] / t["slow"],
+                                                 "medium_over_slow": t["medium"] / t["slow"],
+                                                 "fast_over_medium": t["fast"] / t["medium"]}}
 
 
 def cumulative_phase(increments_lthr: np.ndarray, channel: Channel) -> np.ndarray:

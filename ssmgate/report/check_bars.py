@@ -77,6 +77,11 @@ BARS = {
                            "single runs)"),
     "lm_memory_growth": Bar(0.1, "ours: chunked scoring adds < 10% of what scoring the longest window in one "
                                  "piece adds"),
+    "lm_ci_level": Bar(0.95, "ours: an ordering of windowed PPLs or ratios (P2 Tables 5, 7) counts beyond the 95% "
+                             "bootstrap intervals over windows (1,000 draws, seed 0; P2 reports no intervals)"),
+    "lm_fig4_fast_over_slow": Bar(10.0, "ours: P2 Fig 4 draws the slow / medium / fast channels each on its own "
+                                        "time scale (protocol §8.5); 'distinct' read as the fast channel travelling "
+                                        ">= 10x (an order of magnitude) the slow one's phase"),
 }
 
 

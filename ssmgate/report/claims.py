@@ -75,6 +75,14 @@ def _ratio_range(e):
     return f"{min(ratios):.2f}–{max(ratios):.2f}×" if ratios else None
 
 
+def _lm_curve_end(e):
+    """The windowed PPL at the last step of the curve along training (seed 0), at its largest window."""
+    curves = e["window_ppl_along_training"]  # KeyError (no number) without the curves
+    last = {v: curves[v][max(curves[v], key=int)] for v in ("rotation", "no_rotation")}
+    c = max(last["rotation"], key=int)
+    return f"C={c}: " + _fmt_pair(last["rotation"].get(c), last["no_rotation"].get(c))
+
+
 CLAIMS = (
     Claim("P1 Fig 1a", "the memorisation margin leads for small alpha0, retrieval's for large; they cross near alpha*",
           "alpha* ~ 0.158", "p1_fig1", (r"^fig1a_",), lambda e: f"crossing at alpha0 = {cell(_at(e, 'fig1a', 'crossing_alpha0'))}"),
@@ -142,8 +150,7 @@ CLAIMS = (
     Claim("P2 Fig 6", "rotation lowers PPL in every position bucket", "rotation lower in every bucket", "p2_lm",
           (r"^rotation_bucket_",)),
     Claim("P2 Figs 8-9", "along training, rotation ends with the lower windowed PG-19 PPL, clearer for 444M at long "
-          "windows", "PG-19 PPL at 2K-64K vs step, 187M and 444M", None,
-          unchecked="needs windowed PPL from checkpoints along training (not yet run)"),
+          "windows", "PG-19 PPL at 2K-64K vs step, 187M and 444M", "p2_lm", (r"^fig8_9_",), _lm_curve_end),
     Claim("P2 Tables 3-4", "downstream scores (LAMBADA, FineWeb-Edu, LongBench) favour rotation", "Tables 3-4", None,
           unchecked="needs the paper-scale models and the benchmarks' data"),
     Claim("P2 Table 5", "every phase intervention raises PPL, more at longer windows", "x1.22-x74 (SISO grows with C)",
@@ -161,7 +168,10 @@ CLAIMS = (
                     f"{cell(max(c['accuracy_change_pp'] for c in e['layer_heatmap']['cells']))} pp over "
                     f"{len(e['layer_heatmap']['cells'])} windows"),
     Claim("P2 Fig 4", "slow, medium and fast channels trace distinct phase trajectories", "qualitative", "p2_lm",
-          unchecked="the trajectories are shown; nothing to check numerically"),
+          (r"^fig4_",),
+          lambda e: "cycles slow / medium / fast " + " / ".join(
+              cell(e["phase_trajectories"]["classes"][k]["cycles"]) for k in ("slow", "medium", "fast"))
+          + f"; travel fast / slow x{cell(e['phase_trajectories']['travel_ratio']['fast_over_slow'])}"),
     Claim("P2 MIMO contrasts", "MIMO's ratios are flat in C and its removal ranking differs from SISO", "Tables 5-7, MIMO", None,
           unchecked="the reproduction trains SISO models; official MIMO weights are converted but not run"),
 )

@@ -67,11 +67,14 @@ def sequence_nll(model, params, tokens_bl: np.ndarray, weights_bl: np.ndarray, p
 
 
 def windowed_ppl(model, params, books: Sequence[np.ndarray], size: int, *, score_last: int = lc.SCORE_LAST,
-                 batch: int = 8, piece_len: int = 1024) -> dict:
+                 batch: int = 8, piece_len: int = 1024, anchor: int | None = None) -> dict:
     """protocol §7.2 at window size C = `size`: {"ppl", "accuracy" (top-1 over the scored tokens),
     "nll_sum", "n_scored", "n_windows", "window_nll": [summed nll of each window in
-    lc.pg19_windows order]}."""
-    windows = lc.pg19_windows([len(bk) for bk in books], size, score_last)
+    lc.pg19_windows order]}. With `anchor` the windows end where those of size `anchor` end
+    (lc.aligned_windows: every C scores the same tokens)."""
+    lengths = [len(bk) for bk in books]
+    windows = (lc.pg19_windows(lengths, size, score_last) if anchor is None
+               else lc.aligned_windows(lengths, size, anchor, score_last))
     weights = np.zeros(size - 1, np.float32)
     weights[size - 1 - score_last:] = 1.0  # targets j = C-1-score_last .. C-2 are tokens C-score_last .. C-1
     per_window, n_correct = [], 0.0

@@ -18,7 +18,7 @@ PINNED = {
     "lm_memory_growth": 0.1,
     "theory_type_agreement": 1.0, "theory_zeta_tol": 1e-9, "theory_expm_rel": 1e-6, "theory_critical_tol": 1e-3,
     "theory_overdamped_cos": 0.999, "theory_angle_tol": 1e-9, "theory_gain_tol_0": 0.1, "theory_gain_tol_pi2": 1e-3,
-    "lm_fig2_change_lo": -45.0, "lm_fig2_change_hi": 3.0,
+    "lm_fig2_change_lo": -45.0, "lm_fig2_change_hi": 3.0, "lm_ci_level": 0.95, "lm_fig4_fast_over_slow": 10.0,
     "fig1d_contour_r2": 0.9, "fig1d_tau_ll_d": 8, "kv_fit_min_offsets": 3, "horn_near_perfect": 0.95, "horn_copies": 0.9,
 }
 

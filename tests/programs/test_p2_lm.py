@@ -26,7 +26,8 @@ from tests.main_runs import run_many
 REPO = Path(__file__).resolve().parents[2]
 TINY = ModelCfg(block="mamba3", vocab_size=258, d_model=16, n_layers=2, d_state=8, headdim=8, expand=2)
 FULL_EVAL = dict(interventions=("phase_removal", "decay_permutation"), bc_window=128, heatmap_window=64,
-                 diag_len=256, diag_skip=16, diag_short=64, trajectory_len=256, bucket_row_len=64, bucket_width=32)
+                 diag_len=256, diag_skip=16, diag_short=64, trajectory_len=256, bucket_row_len=64, bucket_width=32,
+                 pseudo_books=3, curve_windows=(64, 128))
 
 
 def make_cfg(model=TINY, steps=4, variant="rotation", **long_eval):
@@ -74,6 +75,20 @@ def test_a_run_trains_on_text_and_measures_every_part(trained):
     assert (run_dir / "curves.png").exists() and (run_dir / CELLS_FILE).exists()
     buckets = le["bucket_ppl"]
     assert set(buckets) == {"rows", "0-32", "32-64"} and buckets["rows"] > 10 and buckets["0-32"] > 1.0
+    # pseudo-books of the largest window (128) + 10 x 16 tokens: 11 windows each, the same at every C
+    assert le["windows"] == {"layout": "pseudo_books", "pseudo_books": 3, "pseudo_book_tokens": 288, "anchor": 128}
+    assert le["n_windows"] == {"64": 33, "128": 33}
+    for c, (lo, hi) in le["window_ppl_ci"].items():
+        assert lo <= le["window_ppl"][c] <= hi
+    for kind, row in le["intervention_ratio_ci"].items():
+        assert all(lo <= le["intervention_ratio"][kind][c] <= hi for c, (lo, hi) in row.items())
+    assert all(lo <= le["bc_removal_ratio"][k] <= hi for k, (lo, hi) in le["bc_removal_ratio_ci"].items())
+    # the windowed PPL along training (every evaluation); its last step is the final model on the same windows
+    assert s["window_ppl_along_training"].keys() == {"2", "4"}
+    assert s["window_ppl_along_training"]["4"] == pytest.approx(le["window_ppl"], rel=1e-5)
+    traj = le["phase_trajectories"]
+    assert "skipped" in traj or (traj["classes"].keys() == {"slow", "medium", "fast"}
+                                 and traj["travel_ratio"]["fast_over_slow"] >= 1.0)
 
 
 def test_the_validation_ppl_pools_every_validation_token(trained):
@@ -121,6 +136,8 @@ def test_the_report_section_and_summary_entry(trained, tmp_path):
     worse["ppl"] *= 1.5
     worse["long_eval"] = {k: worse["long_eval"][k] for k in ("window_ppl", "window_accuracy")}
     worse["long_eval"]["window_ppl"] = {c: v * 1.5 for c, v in s["long_eval"]["window_ppl"].items()}
+    worse["window_ppl_along_training"] = {st: {c: v * 1.5 for c, v in row.items()}
+                                          for st, row in s["window_ppl_along_training"].items()}
     seed1, worse1 = json.loads(json.dumps(s)), json.loads(json.dumps(worse))
     seed1["ppl"] *= 1.01
     worse1["ppl"] *= 1.01
@@ -137,6 +154,11 @@ def test_the_report_section_and_summary_entry(trained, tmp_path):
     assert entry["checks"]["rotation_window_ppl_below_no_rotation_every_C_beyond_seed_spread"] is True
     assert "every_phase_intervention_ratio_gt_1.15" in entry["checks"] and "held-out ppl per seed" in md.lower()
     assert (tmp_path / "fig" / "p2_lm_ppl.png").exists() and (tmp_path / "fig" / "p2_lm_layer_heatmap.png").exists()
+    assert entry["window_ppl_along_training"]["no_rotation"]["4"]["128"] == worse["window_ppl_along_training"]["4"]["128"]
+    assert entry["checks"]["fig8_9_rotation_window_ppl_below_no_rotation_at_the_last_step_every_C_beyond_seed_spread"]
+    assert entry["checks"]["fig8_9_rotation_gap_widens_from_smallest_to_largest_C_beyond_seed_spread"] is False
+    assert (tmp_path / "fig" / "p2_lm_window_ppl_training.png").exists() and "| step | rotation C=64 |" in md
+    assert entry["windows"]["layout"] == "pseudo_books" and "3 pseudo-books of 288 tokens" in md
     assert "| model | params | held-out PPL | C=64 | C=128 |" in md and "paper SISO" in md
     assert entry["bucket_ppl"]["rotation"] == s["long_eval"]["bucket_ppl"] and "| model | rows | [0, 32) |" in md
     entry, md = p2_lm_report.build({"lm_rope05": s}, "quick", {}, {}, tmp_path / "fig", run_dir.parent)
@@ -172,6 +194,9 @@ def test_host_batches_are_the_packers_batches_on_the_mesh():
     (dict(long_eval=dict(bucket_row_len=100, bucket_width=32)), "bucket_row_len=100: expected a multiple"),
     (dict(model=dict(vocab_size=200)), "the tokenizer 'byte' has 258 tokens"),
     (dict(loop=None), "expected exactly one of them"),
+    (dict(long_eval=dict(curve_windows=(64,), curve_every=3)), "window_curve_every=3: the curve is measured at "
+                                                               "evaluations; expected a multiple of --eval_every=2"),
+    (dict(long_eval=dict(pseudo_books=-2)), "pseudo_books=-2: expected >= 0"),
 ])
 def test_bad_configurations_name_what_is_wrong(change, message):
     cfg = make_cfg()

@@ -33,6 +33,14 @@ flags.DEFINE_list("lm_windows", [str(c) for c in _E.windows], "Window sizes C of
 flags.DEFINE_integer("score_last", _E.score_last, "Tokens scored at the end of each window (protocol §7.2: 100).")
 flags.DEFINE_integer("piece_len", _E.piece_len, "Tokens per forward piece of a window (the state carries over).")
 flags.DEFINE_integer("window_batch", _E.batch, "Windows per forward pass.")
+flags.DEFINE_integer("pseudo_books", _E.pseudo_books, "0: the windows of protocol §7.2 on the eval books. N > 0: the "
+                     "books joined with EOS and cut into at most N pseudo-books of the largest --lm_windows + 10 x "
+                     "--score_last tokens, the windows of every size ending where the largest's do (every C scores "
+                     "the same tokens; for corpora of short books). Every other window size must be <= the largest.")
+flags.DEFINE_list("window_curve_windows", [], "Window sizes whose native windowed PPL is measured along training "
+                  "(P2 Figs 8-9); empty = none.")
+flags.DEFINE_integer("window_curve_every", _E.curve_every, "Steps between the --window_curve_windows measurements "
+                     "(a multiple of --eval_every; 0 = at every evaluation); the last step is always measured.")
 flags.DEFINE_list("lm_interventions", [], f"Phase interventions at every window size: some of {', '.join(PHASE_KINDS)}.")
 flags.DEFINE_integer("bc_window", None, "Window size of the B/C rotation-removal table (protocol §8.4); unset or 0 = skip.")
 flags.DEFINE_integer("heatmap_window", None, "Window size of the layer-window heat map (protocol §8.1); unset or 0 = skip.")
@@ -85,7 +93,9 @@ def config_from_flags() -> p2_lm.P2LMCfg:
                             diag_len=FLAGS.diag_len, diag_skip=FLAGS.diag_skip, diag_short=FLAGS.diag_short,
                             diag_books=FLAGS.diag_books, trajectory_len=FLAGS.trajectory_len,
                             memory_windows=_ints("memory_windows"), bucket_row_len=FLAGS.bucket_row_len,
-                            bucket_width=FLAGS.bucket_width, shuffle_seed=FLAGS.seed)
+                            bucket_width=FLAGS.bucket_width, shuffle_seed=FLAGS.seed,
+                            pseudo_books=FLAGS.pseudo_books, curve_windows=_ints("window_curve_windows"),
+                            curve_every=FLAGS.window_curve_every)
     model, gate = (_official(official, long_eval) if official else (tf.model_cfg(), None))
     cfg = p2_lm.P2LMCfg(model=model, optim=tf.optim_cfg(lr, steps or 1), text=text, long_eval=long_eval,
                         loop=None if official else tf.loop_cfg(steps, name="p2_lm"), mesh=tf.mesh_cfg(),

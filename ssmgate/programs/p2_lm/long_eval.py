@@ -7,6 +7,14 @@ rotation removal, 8.5 phase trajectories, and the memory of one long window.
 window size) is appended to `<run_dir>/long_eval_cells.jsonl` as soon as it is measured, keyed with
 the weights' digest, so a killed evaluation resumes where it stopped and never measures a cell twice.
 Interventions act on Mamba-3 layers only; on another block only the native numbers are measured.
+
+The windowed cells (native, interventions, B/C removal, layer windows, and the curve along training)
+run on the eval books with the windows of protocol §7.2, or, with `pseudo_books` > 0, on pseudo-books
+(`long_context.pseudo_books`: the books joined with EOS and cut into pieces of the largest window
+plus 10 scored tails, every C's windows ending at the same positions, so every C scores the same
+tokens). Each windowed number comes with a 95% bootstrap interval over its windows
+(`long_context.bootstrap_ppl` / `bootstrap_ratio`, a fixed seed; ratios paired on the same windows).
+The state diagnostics, phase trajectories and position buckets always read the real books.
 """
 from __future__ import annotations
 
@@ -47,6 +55,9 @@ class LongEvalCfg:
     bucket_row_len: int = 0        # protocol §7.3: the books joined with EOS, cut into rows this long; 0 = skip
     bucket_width: int = 1024       # ... and the PPL per bucket of this many positions
     shuffle_seed: int = 0
+    pseudo_books: int = 0          # > 0: windows on at most this many pseudo-books (lc.pseudo_books); 0 = the books
+    curve_windows: tuple = ()      # window sizes measured along training (P2 Figs 8-9); () = none
+    curve_every: int = 0           # ... every this many steps (a multiple of eval_every; 0 = at every evaluation)
 
     def validate(self) -> "LongEvalCfg":
         if not self.windows or any(c <= self.score_last for c in self.windows):
@@ -70,7 +81,65 @@ class LongEvalCfg:
                              f"{self.bucket_width} >= 1")
         if any(m < 2 for m in self.memory_windows):
             raise ValueError(f"memory_windows={self.memory_windows}: expected lengths >= 2")
+        if self.pseudo_books < 0:
+            raise ValueError(f"pseudo_books={self.pseudo_books}: expected >= 0 (0 = the books themselves)")
+        if any(c <= self.score_last for c in self.curve_windows):
+            raise ValueError(f"window_curve_windows={','.join(map(str, self.curve_windows))}: expected sizes > "
+                             f"score_last={self.score_last}")
+        if self.curve_every < 0:
+            raise ValueError(f"window_curve_every={self.curve_every}: expected >= 0 (0 = at every evaluation)")
+        if self.pseudo_books:
+            for name, sizes in (("bc_window", (self.bc_window or 0,)), ("heatmap_window", (self.heatmap_window or 0,)),
+                                ("window_curve_windows", self.curve_windows)):
+                if max(sizes, default=0) > self.anchor():
+                    raise ValueError(f"{name}={','.join(map(str, sizes))}: with pseudo_books every window size must "
+                                     f"be <= the largest of lm_windows ({self.anchor()}), whose windows' ends all "
+                                     "sizes share")
         return self
+
+    def anchor(self) -> int:
+        """The largest of `windows`: on pseudo-books every window ends where the windows of this size end
+        (so two models with the same `windows` are evaluated on the same windows)."""
+        return max(self.windows)
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowBooks:
+    """What the windowed cells run on: `books` with protocol §7.2 windows (anchor None) or pseudo-books
+    whose windows of every size end where those of size `anchor` do."""
+    books: Sequence[np.ndarray]
+    anchor: Optional[int] = None
+
+    @property
+    def tag(self) -> str:
+        """The cell-key suffix: '' for the books (keys as before), else the pseudo-book layout."""
+        return "" if self.anchor is None else f"|pseudo{len(self.books)}x{len(self.books[0]) if self.books else 0}" \
+                                               f"@{self.anchor}"
+
+    def describe(self) -> dict:
+        if self.anchor is None:
+            return {"layout": "books", "books": len(self.books)}
+        return {"layout": "pseudo_books", "pseudo_books": len(self.books),
+                "pseudo_book_tokens": int(len(self.books[0])) if self.books else 0, "anchor": self.anchor}
+
+
+def window_books(books: Sequence[np.ndarray], ecfg: LongEvalCfg, eos_id: int | None) -> WindowBooks:
+    """The books of the windowed cells: the eval books, or (ecfg.pseudo_books > 0) pseudo-books of them."""
+    if not ecfg.pseudo_books:
+        return WindowBooks(list(books))
+    if eos_id is None:
+        raise ValueError("pseudo-books: eos_id is needed to join the books")
+    anchor = ecfg.anchor()
+    made = lc.pseudo_books(books, eos_id, anchor, ecfg.score_last, max_books=ecfg.pseudo_books)
+    if not made:
+        raise ValueError(f"pseudo-books: the {sum(map(len, books)):,} eval tokens hold no pseudo-book of "
+                         f"{lc.pseudo_book_len(anchor, ecfg.score_last):,} tokens (the largest window {anchor} plus "
+                         f"10 x score_last); use shorter windows or more eval text")
+    return WindowBooks(made, anchor)
+
+
+def cell_key(kind: str, layers, last_k, size: int, wb: WindowBooks) -> str:
+    return f"{kind}|{layers}|{last_k}|{size}{wb.tag}"
 
 
 def touches_phase(cfg: ModelCfg) -> bool:
@@ -78,11 +147,28 @@ def touches_phase(cfg: ModelCfg) -> bool:
     return cfg.block == "mamba3" and cfg.transition == "native" and cfg.n_rot_pairs > 0
 
 
-def _window_cell(cfg: ModelCfg, params, books, size: int, ecfg: LongEvalCfg, intervention: Intervention) -> dict:
+def _window_cell(cfg: ModelCfg, params, wb: WindowBooks, size: int, ecfg: LongEvalCfg,
+                 intervention: Intervention) -> dict:
     model = intervened_model(cfg, intervention)
-    out = lm_eval.windowed_ppl(model, params, books, size, score_last=ecfg.score_last, batch=ecfg.batch,
-                               piece_len=ecfg.piece_len)
-    return {k: out[k] for k in ("ppl", "accuracy", "n_windows", "n_scored")}
+    out = lm_eval.windowed_ppl(model, params, wb.books, size, score_last=ecfg.score_last, batch=ecfg.batch,
+                               piece_len=ecfg.piece_len, anchor=wb.anchor)
+    return {k: out[k] for k in ("ppl", "accuracy", "n_windows", "n_scored", "window_nll")}
+
+
+def window_ppl(cfg: ModelCfg, params, wb: WindowBooks, sizes: Sequence[int], ecfg: LongEvalCfg) -> dict:
+    """{str(C): native windowed PPL} (the curve along training measures this at each of its steps)."""
+    return {str(c): _window_cell(cfg, params, wb, c, ecfg, Intervention())["ppl"] for c in sizes}
+
+
+def _ppl_ci(cell: dict, score_last: int):
+    """The bootstrap interval of a cell's PPL (None for a cell stored before intervals were kept)."""
+    return lc.bootstrap_ppl(cell["window_nll"], score_last) if "window_nll" in cell else None
+
+
+def _ratio_ci(cell: dict, base: dict, score_last: int):
+    if "window_nll" not in cell or "window_nll" not in base:
+        return None
+    return lc.bootstrap_ratio(cell["window_nll"], base["window_nll"], score_last)
 
 
 def _ratio(value, native):
@@ -96,20 +182,23 @@ def evaluate(cfg: ModelCfg, params, books: Sequence[np.ndarray], ecfg: LongEvalC
     ecfg = ecfg.validate()
     store = CellStore(rd.file(CELLS_FILE), digest)
     phases = touches_phase(cfg)
+    wb = window_books(books, ecfg, eos_id)
+    sl = ecfg.score_last
 
     def cell(kind: str, size: int, layers=None, last_k=None) -> dict:
         iv = Intervention(kind, layers=layers, last_k=last_k, seed=ecfg.shuffle_seed)
-        key = f"{kind}|{layers}|{last_k}|{size}"
 
         def measure():
             say(f"[p2_lm] window {size}: {kind}" + (f" layers {layers}" if layers else "")
                 + (f" last {last_k}" if last_k else ""))
-            return _window_cell(cfg, params, books, size, ecfg, iv)
-        return store.get(key, measure)
+            return _window_cell(cfg, params, wb, size, ecfg, iv)
+        return store.get(cell_key(kind, layers, last_k, size, wb), measure)
 
-    out: dict = {"books": len(books), "book_tokens": [int(len(b)) for b in books], "score_last": ecfg.score_last}
+    out: dict = {"books": len(books), "book_tokens": [int(len(b)) for b in books], "score_last": sl,
+                 "windows": wb.describe()}
     native = {c: cell("native", c) for c in ecfg.windows}
     out["window_ppl"] = {str(c): native[c]["ppl"] for c in ecfg.windows}
+    out["window_ppl_ci"] = {str(c): _ppl_ci(native[c], sl) for c in ecfg.windows}
     out["window_accuracy"] = {str(c): native[c]["accuracy"] for c in ecfg.windows}
     out["n_windows"] = {str(c): native[c]["n_windows"] for c in ecfg.windows}
     if ecfg.bucket_row_len:
@@ -121,17 +210,21 @@ def evaluate(cfg: ModelCfg, params, books: Sequence[np.ndarray], ecfg: LongEvalC
         return out | _memory(cfg, ecfg)
 
     if ecfg.interventions:
-        ppl = {k: {str(c): cell(k, c)["ppl"] for c in ecfg.windows} for k in ecfg.interventions}
-        out["intervention_ppl"] = ppl
-        out["intervention_ratio"] = {k: {c: _ratio(v, out["window_ppl"][c]) for c, v in row.items()}
-                                     for k, row in ppl.items()}
+        cells = {k: {c: cell(k, c) for c in ecfg.windows} for k in ecfg.interventions}
+        out["intervention_ppl"] = {k: {str(c): v["ppl"] for c, v in row.items()} for k, row in cells.items()}
+        out["intervention_ratio"] = {k: {str(c): _ratio(v["ppl"], native[c]["ppl"]) for c, v in row.items()}
+                                     for k, row in cells.items()}
+        out["intervention_ratio_ci"] = {k: {str(c): _ratio_ci(v, native[c], sl) for c, v in row.items()}
+                                        for k, row in cells.items()}
     if ecfg.bc_window is not None:
         c = ecfg.bc_window
         base = native.get(c) or cell("native", c)
-        bc = {k: cell(k, c, last_k=ecfg.score_last)["ppl"] for k in BC_KINDS}
+        bc = {k: cell(k, c, last_k=sl) for k in BC_KINDS}
         out["bc_window"] = c
-        out["bc_removal_ppl"] = {"native": base["ppl"], **bc}
-        out["bc_removal_ratio"] = {k: _ratio(v, base["ppl"]) for k, v in bc.items()}
+        out["bc_removal_ppl"] = {"native": base["ppl"], **{k: v["ppl"] for k, v in bc.items()}}
+        out["bc_removal_ppl_ci"] = {"native": _ppl_ci(base, sl), **{k: _ppl_ci(v, sl) for k, v in bc.items()}}
+        out["bc_removal_ratio"] = {k: _ratio(v["ppl"], base["ppl"]) for k, v in bc.items()}
+        out["bc_removal_ratio_ci"] = {k: _ratio_ci(v, base, sl) for k, v in bc.items()}
     if ecfg.heatmap_window is not None:
         out["layer_heatmap"] = _heatmap(cfg, ecfg, cell)
     if ecfg.diag_len:
@@ -207,7 +300,8 @@ def _trajectories(cfg: ModelCfg, params, books, ecfg: LongEvalCfg, rd: RunDir) -
                             title=f"phase trajectories, {len(tokens)} tokens of eval book {longest}")
     return {"book": longest, "tokens": int(len(tokens)),
             "channels": [dict(c._asdict()) for c in channels],
-            "channels_with_full_turn": int((travel >= phase_trajectories.FULL_TURN).sum())}
+            "channels_with_full_turn": int((travel >= phase_trajectories.FULL_TURN).sum()),
+            **phase_trajectories.class_numbers(channels, len(tokens))}
 
 
 def _memory(cfg: ModelCfg, ecfg: LongEvalCfg) -> dict:

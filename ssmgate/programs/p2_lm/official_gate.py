@@ -46,13 +46,14 @@ class NativePPLGate:
         return self
 
     def check(self, cfg: ModelCfg, params, books: Sequence[np.ndarray], ecfg: long_eval.LongEvalCfg,
-              rd: RunDir, digest: str) -> dict:
+              rd: RunDir, digest: str, eos_id: int | None = None) -> dict:
         """Measures (or reads back) the native PPL at `window`; writes native_ppl_gate.json; raises
         GateError when it is off by more than `tolerance`."""
         store = CellStore(rd.file(long_eval.CELLS_FILE), digest)
+        wb = long_eval.window_books(books, ecfg, eos_id)
         # long_eval.evaluate's key and measurement of the native cell, so it is measured once
-        cell = store.get(f"native|None|None|{self.window}", lambda: long_eval._window_cell(
-            cfg, params, books, self.window, ecfg, Intervention("native", seed=ecfg.shuffle_seed)))
+        cell = store.get(long_eval.cell_key("native", None, None, self.window, wb), lambda: long_eval._window_cell(
+            cfg, params, wb, self.window, ecfg, Intervention("native", seed=ecfg.shuffle_seed)))
         ppl = cell["ppl"]
         off = None if ppl is None else ppl / self.published - 1.0
         passed = off is not None and abs(off) <= self.tolerance

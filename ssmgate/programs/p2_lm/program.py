@@ -12,7 +12,9 @@
    uninterrupted one. The validation split stays one small in-memory stream.
 2. Training with the framework's loop (orbax checkpoints, automatic resume, metrics.jsonl); every
    `--eval_every` steps the held-out PPL over all validation rows (state reset per row): the
-   validation curve of Fig 7.
+   validation curve of Fig 7. With `--window_curve_windows` the evaluation every
+   `--window_curve_every` steps (and at the end) also measures the native windowed PPL at those
+   window sizes on the evaluation's windows (logged as eval_window_ppl_<C>): P2 Figs 8-9.
 3. The long-context evaluation of `long_eval` on the books of `--eval_split` of `--eval_corpus`:
    protocol §7.2 windows at every `--lm_windows` size, and on a rotation model the interventions,
    write/read removal, layer-window heat map, state diagnostics and phase trajectories. With
@@ -20,7 +22,8 @@
    without training.
 
 summary.json: "variant", "params", "steps", "wall_s", "train_wall_s", "tokens_per_s", "ppl" (final
-validation PPL), "val_curve" ([step, ppl] pairs), "params_digest", "data" (token counts), and
+validation PPL), "val_curve" ([step, ppl] pairs), "window_ppl_along_training" ({step: {C: PPL}},
+from metrics.jsonl; {} without --window_curve_windows), "params_digest", "data" (token counts), and
 "long_eval" (long_eval.evaluate's dict).
 """
 from __future__ import annotations
@@ -44,6 +47,7 @@ from ssmgate.data.store import TokenStore
 from ssmgate.models import presets
 from ssmgate.models.config import ModelCfg
 from ssmgate.models.lm import build_model
+from ssmgate.programs.p2_lm import long_eval as le
 from ssmgate.programs.p2_lm.long_eval import LongEvalCfg, evaluate
 from ssmgate.tasks import text_corpus, text_packing
 from ssmgate.tasks.tokenizers import load_tokenizer
@@ -127,6 +131,15 @@ class P2LMCfg:
                               "trains: expected exactly one of them")
         if self.seed < 0:
             raise ConfigError(f"--seed={self.seed}: expected >= 0")
+        curve = self.long_eval
+        if curve.curve_windows and self.loop is None:
+            raise ConfigError("--window_curve_windows measures the windowed PPL along training; an --init_official "
+                              "run does not train: expected no --window_curve_windows")
+        if curve.curve_windows and curve.curve_every and self.loop is not None:
+            every = self.loop.eval_every
+            if not every or curve.curve_every % every:
+                raise ConfigError(f"--window_curve_every={curve.curve_every}: the curve is measured at evaluations; "
+                                  f"expected a multiple of --eval_every={every} (> 0), or 0 for every evaluation")
         return self
 
 
@@ -199,8 +212,34 @@ def describe(cfg: P2LMCfg) -> str:
     return "\n".join(lines + lm_runs.describe_mesh(cfg.model, cfg.mesh, cfg.text.batch))
 
 
-def _validation_fn(model, data: TextData, cfg: TextCfg):
-    """state -> {"loss", "ppl", "accuracy"} pooled over every validation row (zero state per row)."""
+@dataclasses.dataclass(frozen=True)
+class _Curve:
+    """The windowed PPL along training (P2 Figs 8-9): at the evaluations of `due` steps, the native
+    windowed PPL at `ecfg.curve_windows` on the evaluation's windows."""
+    model: ModelCfg
+    ecfg: LongEvalCfg
+    windows: le.WindowBooks
+    last_step: int
+
+    def due(self, step: int) -> bool:
+        every = self.ecfg.curve_every
+        return not every or step % every == 0 or step == self.last_step
+
+    def measure(self, params) -> dict:
+        say("[p2_lm] windowed PPL along training at " + ", ".join(map(str, self.ecfg.curve_windows)))
+        return le.window_ppl(self.model, params, self.windows, self.ecfg.curve_windows, self.ecfg)
+
+
+def _curve(cfg: P2LMCfg, data: TextData) -> Optional[_Curve]:
+    if not cfg.long_eval.curve_windows or cfg.loop is None:
+        return None
+    ecfg = cfg.long_eval.validate()
+    return _Curve(cfg.model, ecfg, le.window_books(data.books, ecfg, data.eos_id), cfg.loop.steps)
+
+
+def _validation_fn(model, data: TextData, cfg: TextCfg, curve: Optional[_Curve] = None):
+    """state -> {"loss", "ppl", "accuracy"} pooled over every validation row (zero state per row), and
+    at the curve's steps {"window_ppl_<C>": native windowed PPL}."""
     score = jax.jit(lambda params, batch: text_loss(model.apply({"params": params}, batch.inputs)[0], batch)[1])
 
     def eval_fn(state):
@@ -209,7 +248,12 @@ def _validation_fn(model, data: TextData, cfg: TextCfg):
             m = jax.device_get(score(state.params, batch))
             sums += [float(m["nll_sum"]), float(m["n_tokens"]), float(m["n_correct"])]
         nll = sums[0] / sums[1]
-        return {"loss": nll, "ppl": math.exp(nll), "accuracy": sums[2] / sums[1]}
+        out = {"loss": nll, "ppl": math.exp(nll), "accuracy": sums[2] / sums[1]}
+        step = getattr(state, "step", None)
+        if curve is not None and step is not None and curve.due(int(np.asarray(jax.device_get(step)).reshape(-1)[0])):
+            out.update({f"window_ppl_{c}": v for c, v in curve.measure(state.params).items()
+                        if v is not None})  # None: no book longer than C
+        return out
     return eval_fn
 
 
@@ -220,7 +264,7 @@ def train(cfg: P2LMCfg, rd: RunDir, data: TextData):
         rd, model=cfg.model, optim=cfg.optim, replicas=(sweep.Replica(seed=cfg.seed, lr=cfg.optim.lr),),
         loss=text_loss, loop_cfg=cfg.loop, mesh_cfg=cfg.mesh, batch=text.batch, fingerprint=cfg.fingerprint(),
         meta={"config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str))},
-        eval_fn=lambda built: _validation_fn(built.model, data, text),
+        eval_fn=lambda built: _validation_fn(built.model, data, text, _curve(cfg, data)),
         throughput=Throughput.for_lm(cfg.model, text.batch, text.seq_len),
         global_batch=lambda sharding: data_loader.global_batch_fn(data.train, text.seq_len, text.batch, cfg.seed,
                                                                   sharding))
@@ -236,17 +280,37 @@ def _val_curve(rd: RunDir) -> list:
     return [[r["step"], r["eval_ppl"]] for r in rd.read_metrics() if r.get("kind") == "eval" and "eval_ppl" in r]
 
 
+def _window_curve(rd: RunDir) -> dict:
+    """{str(step): {str(C): windowed PPL}} of the evaluations that measured it (P2 Figs 8-9)."""
+    prefix = "eval_window_ppl_"
+    out: dict = {}
+    for r in rd.read_metrics():
+        if r.get("kind") == "eval":
+            row = {k.removeprefix(prefix): v for k, v in r.items() if k.startswith(prefix)}
+            if row:
+                out[str(r["step"])] = dict(sorted(row.items(), key=lambda kv: int(kv[0])))
+    return out
+
+
 def run(cfg: P2LMCfg, run_dir: str) -> dict:
     rd = RunDir(run_dir)
     start = time.perf_counter()
     data = load_text(cfg.text, cfg.model.vocab_size)
     say(f"[p2_lm] data: {len(data.train):,} train / {len(data.valid):,} validation tokens, "
         f"{len(data.books)} eval books ({sum(map(len, data.books)):,} tokens), tokenizer {data.tokenizer_name}")
+    try:  # before training: the windowed evaluation must have its books
+        windows = le.window_books(data.books, cfg.long_eval, data.eos_id).describe()
+    except ValueError as e:
+        raise ConfigError(f"--pseudo_books={cfg.long_eval.pseudo_books}: {e}") from None
+    if windows["layout"] == "pseudo_books":
+        say(f"[p2_lm] windows on {windows['pseudo_books']} pseudo-books of {windows['pseudo_book_tokens']:,} tokens, "
+            f"every window size ending where the {windows['anchor']}-token windows end")
     if cfg.loop is None:
         from ssmgate.interventions.convert_mamba3 import load_official
         params = jax.tree.map(jnp.asarray, load_official(cfg.init_official, cfg.model))
         if cfg.official_gate is not None:  # stops the run unless the converted model is the published one
-            cfg.official_gate.check(cfg.model, params, data.books, cfg.long_eval, rd, lm_runs.params_digest(params))
+            cfg.official_gate.check(cfg.model, params, data.books, cfg.long_eval, rd, lm_runs.params_digest(params),
+                                      eos_id=data.eos_id)
         evals = _validation_fn(build_model(cfg.model), data, cfg.text)(_Params(params))
         trained = {"steps": 0, "resumed_from": None, "tokens_per_s": None, "init_official": cfg.init_official}
     else:
@@ -261,7 +325,8 @@ def run(cfg: P2LMCfg, run_dir: str) -> dict:
     summary = {"variant": cfg.variant, "params": presets.param_count(cfg.model), **trained,
                "train_wall_s": train_wall, "wall_s": time.perf_counter() - start,
                "ppl": evals.get("ppl"), "val_accuracy": evals.get("accuracy"),
-               "val_curve": _val_curve(rd), "params_digest": digest,
+               "val_curve": _val_curve(rd), "window_ppl_along_training": _window_curve(rd),
+               "params_digest": digest,
                "data": {"train_tokens": int(len(data.train)), "valid_tokens": int(len(data.valid)),
                         "eval_books": len(data.books), "tokenizer": data.tokenizer_name},
                "long_eval": long_eval}

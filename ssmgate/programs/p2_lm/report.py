@@ -7,6 +7,13 @@ runs of ssmgate.programs.p2_lm.program and of their second seeds `*_seed1` (any 
     "bucket_ppl_seeds": {variant: {"lo-hi": [PPL per seed]}},
     "intervention_ratio": {intervention: {C: ratio to native}},
     "bc_removal_ratio": {remove_B | remove_C | remove_both: ratio},
+    "window_ppl_ci", "intervention_ratio_ci", "bc_removal_ratio_ci": the same keys, [lo, hi] 95% bootstrap
+      intervals over windows (seed 0's rotation model; "window_ppl_ci" per variant),
+    "windows": the window layout (protocol §7.2 books or pseudo-books),
+    "phase_trajectories": {"classes": {slow | medium | fast: {travel, cycles, tokens_per_cycle, ...}},
+      "travel_ratio": {fast_over_slow, ...}, ...} (Fig 4),
+    "window_ppl_along_training": {variant: {step: {C: PPL}}} (seed 0; Figs 8-9),
+    "window_ppl_along_training_seeds": {variant: {step: {C: [PPL per seed]}}},
     "state_stats": {native | removed: {cosine, rms}} (the long span; "state_stats_by_span" has both),
     "val_curve": {variant: [[step, ppl], ...]}, "bucket_ppl": {variant: {"lo-hi": ppl, "rows": n}},
     "layer_heatmap", "memory", "checks", "wall_s"},
@@ -48,6 +55,10 @@ def collect(runs: dict) -> dict:
         s = runs[run]
         entry["ppl"][variant] = s["ppl"]
         entry["window_ppl"][variant] = s["long_eval"]["window_ppl"]
+        if "window_ppl_ci" in s["long_eval"]:
+            entry.setdefault("window_ppl_ci", {})[variant] = s["long_eval"]["window_ppl_ci"]
+        if s.get("window_ppl_along_training"):
+            entry.setdefault("window_ppl_along_training", {})[variant] = s["window_ppl_along_training"]
         entry["window_accuracy"][variant] = s["long_eval"]["window_accuracy"]
         entry["val_curve"][variant] = s["val_curve"]
         entry["params"][variant] = s["params"]
@@ -61,11 +72,19 @@ def collect(runs: dict) -> dict:
             for span, v in runs[run]["long_eval"].get("bucket_ppl", {}).items():
                 if "-" in span:
                     entry.setdefault("bucket_ppl_seeds", {}).setdefault(variant, {}).setdefault(span, []).append(v)
+            for step, row in runs[run].get("window_ppl_along_training", {}).items():
+                for c, v in row.items():
+                    entry.setdefault("window_ppl_along_training_seeds", {}).setdefault(variant, {}).setdefault(
+                        step, {}).setdefault(c, []).append(v)
     rot = runs.get("lm_rope05", {}).get("long_eval", {})
     for key in ("intervention_ratio", "intervention_ppl", "bc_removal_ratio", "bc_removal_ppl", "bc_window",
-                "layer_heatmap", "memory", "n_windows"):
+                "layer_heatmap", "memory", "n_windows", "intervention_ratio_ci", "bc_removal_ratio_ci",
+                "bc_removal_ppl_ci", "windows"):
         if key in rot:
             entry[key] = rot[key]
+    traj = rot.get("phase_trajectories")
+    if traj:
+        entry["phase_trajectories"] = {k: v for k, v in traj.items() if k != "channels"}
     if "state_stats" in rot and "native" in rot["state_stats"]:
         stats = rot["state_stats"]
         entry["state_stats"] = {k: stats[k]["long"] for k in ("native", "removed")}
@@ -83,8 +102,46 @@ def _below_beyond_spread(low: list, high: list) -> bool:
     return len(low) >= n and len(high) >= n and max(low) < min(high)
 
 
+def _lo(ci, point):
+    """The lower end of a [lo, hi] interval; the point value where none was recorded (a summary from
+    before the intervals)."""
+    return point if not ci else ci[0]
+
+
+def _hi(ci, point):
+    return point if not ci else ci[1]
+
+
+def _above(a, a_ci, b, b_ci) -> bool:
+    """a > b beyond both intervals: a's lower end above b's upper end (None never is)."""
+    return a is not None and b is not None and _lo(a_ci, a) > _hi(b_ci, b)
+
+
+def _last_shared_step(curves: dict, n: int):
+    """The last step at which every variant of `curves` ({variant: {step: {C: [per seed]}}}) has >= n
+    seeds at every C it measured; None if there is none."""
+    steps = [set(st for st, row in curve.items() if row and all(len(vs) >= n for vs in row.values()))
+             for curve in curves.values()]
+    shared = set.intersection(*steps) if steps else set()
+    return max(shared, key=int) if shared else None
+
+
+def _log_gap_range(rot: list, norot: list) -> tuple:
+    """(smallest, largest) log(no-rotation PPL / rotation PPL) over every pair of seeds."""
+    gaps = [np.log(b) - np.log(a) for a in rot for b in norot]
+    return min(gaps), max(gaps)
+
+
 def _strictly_increasing(values) -> bool:
     return len(values) > 1 and all(v is not None for v in values) and all(a < b for a, b in zip(values, values[1:]))
+
+
+def _mean_change_by_width(cells: list) -> dict:
+    """{window width: mean accuracy change (pp) over the layer windows of that width}, widths ascending."""
+    widths: dict = {}
+    for c in cells:
+        widths.setdefault(int(c["width"]), []).append(c["accuracy_change_pp"])
+    return {w: (None if any(v is None for v in vs) else sum(vs) / len(vs)) for w, vs in sorted(widths.items())}
 
 
 def checks(entry: dict) -> Checks:
@@ -111,23 +168,81 @@ def checks(entry: dict) -> Checks:
                                      for k in shared),
                 "P2 Fig 6: rotation has the lower PPL in every position bucket, beyond the seed spread",
                 bars.source("lm_min_seeds"))
+    curves = entry.get("window_ppl_along_training_seeds", {})
+    if {"rotation", "no_rotation"} <= set(curves):
+        pair = {v: curves[v] for v in ("rotation", "no_rotation")}
+        last = _last_shared_step(pair, bars.bar("lm_min_seeds"))
+        rot, norot = (pair[v].get(last, {}) if last else {} for v in ("rotation", "no_rotation"))
+        shared = sorted(set(rot) & set(norot), key=int)
+        out.add("fig8_9_rotation_window_ppl_below_no_rotation_at_the_last_step_every_C_beyond_seed_spread",
+                bool(shared) and all(_below_beyond_spread(rot[c], norot[c]) for c in shared),
+                f"P2 Figs 8-9: along training the rotation model ends with the lower windowed PPL: at the last step "
+                f"measured ({last}) every rotation seed below every no-rotation seed at every curve window "
+                f"({', '.join(shared) or 'none'})", bars.source("lm_min_seeds"))
+        widens = False
+        if len(shared) > 1:
+            small, large = shared[0], shared[-1]
+            widens = _log_gap_range(rot[large], norot[large])[0] > _log_gap_range(rot[small], norot[small])[1] > 0
+        out.add("fig8_9_rotation_gap_widens_from_smallest_to_largest_C_beyond_seed_spread", widens,
+                "P2 Figs 8-9 (444M): the rotation model's advantage is larger at long windows: at the last step the "
+                "smallest log PPL gap (no rotation / rotation) over seed pairs at the largest curve window exceeds "
+                "the largest gap at the smallest window, which is > 0", bars.source("lm_min_seeds"))
     ratios = entry.get("intervention_ratio")
     if ratios:
         bar = bars.bar("lm_table5_ratio")
+        ci = entry.get("intervention_ratio_ci", {})
         out.add(f"every_phase_intervention_ratio_gt_{bar:g}",
-                all(r is not None and r > bar for row in ratios.values() for r in row.values()),
-                f"P2 Table 5: every intervention raises PPL by more than x{bar:g} at every C",
-                bars.source("lm_table5_ratio"))
-        out.add("every_intervention_ratio_grows_with_window",
-                all(_strictly_increasing([row[c] for c in sorted(row, key=int)]) for row in ratios.values()),
-                "P2 Table 5 (SISO): each intervention's ratio grows strictly with the window C",
-                "acceptance, P2 Table 5: SISO ratios grow with C")
+                all(r is not None and _lo(ci.get(k, {}).get(c), r) > bar
+                    for k, row in ratios.items() for c, r in row.items()),
+                f"P2 Table 5: every intervention raises PPL by more than x{bar:g} at every C (the lower end of the "
+                "95% bootstrap interval over windows)", bars.source("lm_table5_ratio", "lm_ci_level"))
+        out.add("every_intervention_ratio_grows_from_smallest_to_largest_C_beyond_ci",
+                all(len(row) > 1 and _above(row[max(row, key=int)], ci.get(k, {}).get(max(row, key=int)),
+                                            row[min(row, key=int)], ci.get(k, {}).get(min(row, key=int)))
+                    for k, row in ratios.items()),
+                "P2 Table 5 (SISO): the intervention ratios grow with the window C; here every intervention's ratio "
+                "at the largest C exceeds its ratio at the smallest C beyond both 95% bootstrap intervals",
+                "acceptance, P2 Table 5: SISO ratios grow with C; " + bars.source("lm_ci_level"))
     bc = entry.get("bc_removal_ratio")
     if bc:
-        out.add("table7_remove_C_gt_remove_B_gt_remove_both_gt_native",
-                bc["remove_C"] > bc["remove_B"] > bc["remove_both"] > 1.0,
-                "P2 Table 7: removing C's rotation hurts more than B's, either more than both, both more than none",
-                "acceptance, P2 Table 7: remove-C >= remove-B > remove-both > native (strict here)")
+        ci = entry.get("bc_removal_ratio_ci", {})
+        one = lambda k: (bc[k], ci.get(k))  # noqa: E731
+        out.add("table7_each_single_removal_gt_remove_both_gt_native",
+                _above(*one("remove_B"), *one("remove_both")) and _above(*one("remove_C"), *one("remove_both"))
+                and _above(*one("remove_both"), 1.0, None),
+                "P2 Table 7: removing one side's rotation (B or C) hurts more than removing both, and removing both "
+                "still hurts (a partial recovery); each beyond the 95% bootstrap intervals",
+                "acceptance, P2 Table 7: remove-B, remove-C > remove-both > native; " + bars.source("lm_ci_level"))
+        out.add("table7_remove_C_gt_remove_B", _above(*one("remove_C"), *one("remove_B")),
+                "P2 Table 7: removing C's (read) rotation hurts more than removing B's (write), beyond the 95% "
+                "bootstrap intervals",
+                "acceptance, P2 Table 7: remove-C >= remove-B (strict here, as every ordering; paper 12.18 > 9.04 "
+                "SISO, 5.74 > 4.89 MIMO); " + bars.source("lm_ci_level"))
+    traj = entry.get("phase_trajectories")
+    if traj:
+        bar = bars.bar("lm_fig4_fast_over_slow")
+        classes, ratio = traj.get("classes"), traj.get("travel_ratio", {})
+        travel = [classes[k]["travel"] for k in ("slow", "medium", "fast")] if classes else []
+        out.add(f"fig4_phase_travel_slow_lt_medium_lt_fast_and_fast_over_slow_ge_{bar:g}",
+                _strictly_increasing(travel) and ratio.get("fast_over_slow", 0.0) >= bar,
+                "P2 Fig 4: the slow, medium and fast channels (10th / 50th / 99th percentile of phase travel among "
+                "those turning at least once) trace distinct trajectories: their travel is ordered and the fast one "
+                f"travels >= {bar:g}x the slow one's phase (fails when no channel turns once)",
+                bars.source("lm_fig4_fast_over_slow"))
+    heat = entry.get("layer_heatmap")
+    if heat and heat.get("cells"):
+        changes = [c["accuracy_change_pp"] for c in heat["cells"]]
+        by_width = _mean_change_by_width(heat["cells"])
+        out.add("fig2_mean_accuracy_change_falls_strictly_with_window_width",
+                len(by_width) > 1 and _strictly_increasing([-v for v in by_width.values()]),
+                "P2 Fig 2: removing the phases of a wider window of layers costs more accuracy (the mean change "
+                "over the windows of each width falls strictly as the width grows)",
+                "P2 Fig 2 (protocol §8.1): LAMBADA drops more with wider windows (an ordering, strict)")
+        lo, hi = bars.bar("lm_fig2_change_lo"), bars.bar("lm_fig2_change_hi")
+        out.add(f"fig2_every_window_accuracy_change_within_[{lo:+g},{hi:+g}]_pp",
+                all(v is not None and lo <= v <= hi for v in changes),
+                "P2 Fig 2: phase removal in a window of layers changes accuracy by -45 to +3 points",
+                bars.source("lm_fig2_change_lo", "lm_fig2_change_hi"))
     stats = entry.get("state_stats_by_span")
     if stats:
         spans = list(stats["native"])
@@ -161,6 +276,34 @@ def _window_axis(ax, sizes) -> None:
     ax.minorticks_off()
 
 
+def _plot_ci(ax, row: dict, ci: dict, label: str) -> None:
+    """{C: value} against C, with the [lo, hi] intervals of `ci` as error bars where recorded."""
+    cs = sorted((int(c), v) for c, v in row.items() if v is not None)
+    xs, ys = [c for c, _ in cs], [v for _, v in cs]
+    err = [[v - (ci.get(str(c)) or (v, v))[0] for c, v in cs], [(ci.get(str(c)) or (v, v))[1] - v for c, v in cs]]
+    ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label)
+
+
+def _training_curve_figure(curves: dict, path: Path) -> None:
+    """P2 Figs 8-9: the windowed PPL against the training step, one panel per window C, one line per
+    variant and seed (curves: {variant: {step: {C: [PPL per seed]}}})."""
+    sizes = sorted({c for curve in curves.values() for row in curve.values() for c in row}, key=int)
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.2 * len(sizes), 3.4), squeeze=False)
+    for ax, c in zip(axes[0], sizes):
+        for i, (variant, curve) in enumerate(curves.items()):
+            n = max((len(row.get(c, [])) for row in curve.values()), default=0)
+            for seed in range(n):
+                pts = sorted((int(st), row[c][seed]) for st, row in curve.items() if len(row.get(c, [])) > seed)
+                ax.plot([st for st, _ in pts], [v for _, v in pts], marker="o", ms=3, color=f"C{i}",
+                        ls="-" if seed == 0 else "--", label=f"{variant.replace('_', ' ')} seed {seed}")
+        ax.set(xlabel="training step", ylabel="windowed PPL", title=f"C = {c} (cf. Figs 8-9)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _ppl_figure(entry: dict, path: Path) -> None:
     sizes = sorted({int(c) for row in entry["window_ppl"].values() for c in row})
     plt = pyplot()
@@ -174,16 +317,14 @@ def _ppl_figure(entry: dict, path: Path) -> None:
     ax.legend(fontsize=8)
     ax = axes[0][1]
     for variant, row in entry["window_ppl"].items():
-        cs = sorted((int(c), v) for c, v in row.items() if v is not None)
-        ax.plot([c for c, _ in cs], [v for _, v in cs], marker="o", label=variant.replace("_", " "))
-    ax.set(xlabel="window C (tokens)", ylabel="PPL of the last 100 tokens", title="windowed PPL (protocol §7.2; cf. Fig 3)")
+        _plot_ci(ax, row, entry.get("window_ppl_ci", {}).get(variant, {}), variant.replace("_", " "))
+    ax.set(xlabel="window C (tokens)", ylabel="PPL of the scored tokens", title="windowed PPL (protocol §7.2; cf. Fig 3)")
     _window_axis(ax, sizes)
     ax.legend(fontsize=8)
     if entry.get("intervention_ratio"):
         ax = axes[0][2]
         for kind, row in entry["intervention_ratio"].items():
-            cs = sorted((int(c), v) for c, v in row.items() if v is not None)
-            ax.plot([c for c, _ in cs], [v for _, v in cs], marker="o", label=INTERVENTION_NAMES.get(kind, kind))
+            _plot_ci(ax, row, entry.get("intervention_ratio_ci", {}).get(kind, {}), INTERVENTION_NAMES.get(kind, kind))
         ax.axhline(1.0, color="grey", lw=0.6)
         ax.set(xlabel="window C (tokens)", ylabel="PPL ratio to native",
                title="interventions on the rotation model (cf. Table 5)")
@@ -216,8 +357,14 @@ def _fmt(v, digits=3):
     return "–" if v is None else f"{v:.{digits}f}"
 
 
-def _ratio_cell(ppl, ratio):
-    return "–" if ppl is None else f"{ppl:.3f} ({ratio:.2f}×)"
+def _ratio_cell(ppl, ratio, ci=None):
+    if ppl is None:
+        return "–"
+    return f"{ppl:.3f} ({ratio:.2f}×" + (f", {ci[0]:.2f}–{ci[1]:.2f}" if ci else "") + ")"
+
+
+def _ci(ci, digits=3):
+    return "–" if not ci else f"[{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
 
 
 def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, run_root: Path):
@@ -232,10 +379,20 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
     sizes = sorted({c for row in win.values() for c in row}, key=int)
     rows = [[v.replace("_", " "), f"{entry['params'][v]:,}", _fmt(entry["ppl"][v]),
              *[_fmt(win[v].get(c)) for c in sizes]] for v in entry["ppl"]]
-    lines += ["Held-out PPL (validation rows, state reset per row) and the windowed PPL of protocol §7.2 (last 100 "
-              "tokens of every window, pooled) on the evaluation books. The paper (Fig 3, 7) has rotation lower "
-              "at every window size and during training.", "",
+    layout = entry.get("windows", {})
+    where = ("the evaluation books" if layout.get("layout") != "pseudo_books" else
+             f"{layout['pseudo_books']} pseudo-books of {layout['pseudo_book_tokens']:,} tokens (the evaluation "
+             f"books joined with EOS; every C's windows end where the C={layout['anchor']} windows end, so every C "
+             "scores the same tokens)")
+    lines += ["Held-out PPL (validation rows, state reset per row) and the windowed PPL of protocol §7.2 (last "
+              f"scored tokens of every window, pooled) on {where}. The paper (Fig 3, 7) has rotation lower at every "
+              "window size and during training.", "",
               table(["model", "params", "held-out PPL", *[f"C={c}" for c in sizes]], rows)]
+    ci = entry.get("window_ppl_ci", {})
+    if ci:
+        lines += ["95% bootstrap intervals of the windowed PPL over windows (seed 0; 1,000 draws of a fixed seed): "
+                  + "; ".join(f"{v.replace('_', ' ')} " + ", ".join(f"C={c} {_ci(row.get(c))}" for c in sizes)
+                              for v, row in ci.items()) + ".", ""]
     seeds = entry.get("ppl_seeds", {})
     if seeds:
         lines += ["Held-out PPL per seed (the claims above count only a gap larger than this spread): " + "; ".join(
@@ -255,19 +412,23 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
         rows = [["native", *[_fmt(win["rotation"][c]) for c in sizes], "1, 1, 1", "1, 1, 1"]]
         for kind in ppl:
             paper = PAPER_TABLE5.get(kind, ((None,) * 3,) * 2)
-            rows.append([INTERVENTION_NAMES.get(kind, kind), *[_ratio_cell(ppl[kind][c], ratio[kind][c]) for c in sizes],
+            kci = entry.get("intervention_ratio_ci", {}).get(kind, {})
+            rows.append([INTERVENTION_NAMES.get(kind, kind),
+                         *[_ratio_cell(ppl[kind][c], ratio[kind][c], kci.get(c)) for c in sizes],
                          ", ".join(f"{v:g}" for v in paper[0]), ", ".join(f"{v:g}" for v in paper[1])])
         lines += ["Phase-structure interventions on the rotation model, all layers (protocol §8.2, Table 5): PPL "
-                  "(ratio to native). The paper's ratios are at 2K / 16K / 64K.", "",
+                  "(ratio to native, its 95% bootstrap interval over windows, paired with native's). The paper's "
+                  "ratios are at 2K / 16K / 64K.", "",
                   table(["intervention", *[f"C={c}" for c in sizes], "paper SISO", "paper MIMO"], rows)]
     if entry.get("bc_removal_ratio"):
         bc, r = entry["bc_removal_ppl"], entry["bc_removal_ratio"]
+        rci = entry.get("bc_removal_ratio_ci", {})
         rows = [["native", _fmt(bc["native"]), "1", "1"]] + [
-            [k.replace("_", " "), _ratio_cell(bc[k], r[k]), f"{PAPER_TABLE7[k][0]:g}", f"{PAPER_TABLE7[k][1]:g}"]
-            for k in PAPER_TABLE7]
-        lines += [f"Write/read rotation removal on the last 100 positions of C={entry['bc_window']} windows "
-                  "(protocol §8.4, Table 7; paper at 64K):", "",
-                  table(["intervention", "PPL (ratio)", "paper SISO ratio", "paper MIMO ratio"], rows)]
+            [k.replace("_", " "), _ratio_cell(bc[k], r[k], rci.get(k)), f"{PAPER_TABLE7[k][0]:g}",
+             f"{PAPER_TABLE7[k][1]:g}"] for k in PAPER_TABLE7]
+        lines += [f"Write/read rotation removal on the scored positions of C={entry['bc_window']} windows "
+                  "(protocol §8.4, Table 7; paper at 64K); ratio to native with its 95% bootstrap interval:", "",
+                  table(["intervention", "PPL (ratio, interval)", "paper SISO ratio", "paper MIMO ratio"], rows)]
     if entry.get("state_stats_by_span"):
         st, spans = entry["state_stats_by_span"], entry["state_stats_spans"]
         rows = []
@@ -292,6 +453,31 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
         shutil.copy(trajectories, figure_dir / "p2_lm_phase_trajectories.png")
         lines += ["Phase trajectories of slow / medium / fast channels of the rotation model on one evaluation "
                   "book (protocol §8.5, Fig 4):", "", "![phase trajectories](figures/p2_lm_phase_trajectories.png)", ""]
+    traj = entry.get("phase_trajectories", {})
+    if traj.get("classes"):
+        rows = [[name, f"{c['percentile']:g}", f"L{c['layer']} h{c['head']} pair {c['pair']}", f"{c['travel']:.1f}",
+                 f"{c['cycles']:.2f}", f"{c['tokens_per_cycle']:.0f}"] for name, c in traj["classes"].items()]
+        r = traj["travel_ratio"]
+        lines += [f"Fig 4 in numbers: phase travel Σ|Δφ| over the {traj['tokens']:,} tokens, the cycles it completes "
+                  f"(travel / 2π) and the tokens per cycle, of the channels picked at the 10th / 50th / 99th "
+                  f"percentile of travel among the {traj['channels_with_full_turn']} channels turning at least once. "
+                  f"Travel ratio fast / slow {r['fast_over_slow']:.1f}, medium / slow {r['medium_over_slow']:.1f}, "
+                  f"fast / medium {r['fast_over_medium']:.1f}.", "",
+                  table(["class", "percentile", "channel", "travel (rad)", "cycles", "tokens per cycle"], rows)]
+    elif traj.get("skipped"):
+        lines += [f"Fig 4 in numbers: none, {traj['skipped']}.", ""]
+    curves = entry.get("window_ppl_along_training_seeds", {})
+    if curves:
+        _training_curve_figure(curves, figure_dir / "p2_lm_window_ppl_training.png")
+        steps = sorted({st for curve in curves.values() for st in curve}, key=int)
+        cs = sorted({c for curve in curves.values() for row in curve.values() for c in row}, key=int)
+        rows = [[st, *[" / ".join(_fmt(x) for x in curves.get(v, {}).get(st, {}).get(c, [])) or "–"
+                       for v in curves for c in cs]] for st in steps]
+        lines += ["Windowed PPL along training (P2 Figs 8-9, where the paper plots PG-19 PPL at 2K-64K against the "
+                  "step): the native windowed PPL at each curve window, measured during training on the same "
+                  "windows as above (per seed, seed 0 first).", "",
+                  table(["step", *[f"{v.replace('_', ' ')} C={c}" for v in curves for c in cs]], rows),
+                  "![windowed PPL along training](figures/p2_lm_window_ppl_training.png)", ""]
     if entry.get("memory"):
         mem = entry["memory"]
         rows = [[f"{r['window']:,}", f"{r['piece_len']:,}", f"{r['peak_rss_mb']:.0f}"]
