@@ -252,9 +252,32 @@ def test_report_gathers_the_panels(tiny_runs, tmp_path):
         "fig1a_crossing_alpha0_in_[0.15,0.21]", "fig1b_escape_steps_strictly_increasing",
         "fig1b_sgd_over_flow_within_40pct", "fig1c_rise_then_fall_for_delta_ge_16",
         "fig1c_no_decay_accuracy_within_0.02_of_theory_%.3f_at_this_size" % runs["fig1c"]["no_decay_theory"],
-        "fig1cd_max_abs_diff_to_bayes_per_distance_le_0.03"}
+        "fig1cd_max_abs_diff_to_bayes_per_distance_le_0.03", "fig1d_contour_prop_to_tau_log_d_over_tau_r2_ge_0.9"}
     for p in "abcd":
         assert (tmp_path / "figures" / f"fig1{p}.png").exists()
         assert f"figures/fig1{p}.png" in md
     assert "steps: 10000 -> 500" in " ".join(changes["fig1c"])
     assert "fig1d" in entry and "accuracy" not in entry["fig1d"]  # the full grid stays in the run directory
+
+
+def _fig1d_entry(dm80, dm90):
+    tau = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]
+    tl = [t * np.log(128 / t) if t < 128 else None for t in tau]
+    return {"fig1d": {"tau": tau, "tau_log_d_over_tau": tl, "delta_max_80": dm80, "delta_max_90": dm90,
+                      "max_abs_diff_to_bayes": 0.01, "max_abs_diff_to_bayes_per_distance": 0.02}}
+
+
+def test_fig1d_contour_check_states_prop_9():
+    """Prop 9: Delta_max ~ tau log(d/tau) for tau << d (tau <= d/8 here: 1 .. 16), at both levels."""
+    name = "fig1d_contour_prop_to_tau_log_d_over_tau_r2_ge_0.9"
+    # the committed cpu contour (the trained Delta_max equals Bayes'): R^2 0.987 and 0.996
+    good = _fig1d_entry([3, 5, 9, 15, 25, 39, 55, 65], [3, 4, 7, 12, 18, 25, 29, 13])
+    assert p1_fig1_report.recheck(good)[name] is True
+    fit = p1_fig1_report.contour_fit(good["fig1d"]["tau"], [3, 5, 9, 15, 25, 39, 55, 65],
+                                     good["fig1d"]["tau_log_d_over_tau"], 8)
+    assert fit["n"] == 5 and fit["r2"] == pytest.approx(0.9868, abs=1e-3) and fit["c"] == pytest.approx(0.714, abs=1e-3)
+    flat = _fig1d_entry([10, 10, 11, 10, 10, 39, 55, 65], [3, 4, 7, 12, 18, 25, 29, 13])  # no growth with tau
+    assert p1_fig1_report.recheck(flat)[name] is False
+    too_few = _fig1d_entry([3, 5, 9, 15, 25, 39, 55, 65], [3, 4, 7, 12, 18, 25, 29, 13])
+    too_few["fig1d"]["tau_log_d_over_tau"][2:] = [None] * 6  # two taus with tau << d: nothing to fit
+    assert p1_fig1_report.recheck(too_few)[name] is False
