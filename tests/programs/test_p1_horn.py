@@ -356,6 +356,8 @@ def test_report_entry_checks_and_figures(tmp_path):
                                           "lengen_strongest_gate_ranks_first_at_largest_k"]),
     (dict(at_16={"-6": 0.96, "3": 0.95}), ["lengen_strongest_gate_ranks_first_at_largest_k"]),
     (dict(at_16={"-6": 0.97, "3": 0.97}), []),  # near-perfect gates tie at the top, as in the paper
+    (dict(at_16={"-6": 0.6, "3": 0.6}), ["lengen_strongest_gate_ge_0.95_at_largest_k",
+                                         "lengen_strongest_gate_ranks_first_at_largest_k"]),  # a tie below: fails
     (dict(at_16={"-6": 1.0, "3": 1.0}), ["lengen_weakest_gate_decays_beyond_training_limit"]),
     (dict(transformer=0.99), ["lengen_strongest_beats_transformer_at_largest_k"]),
     (dict(transformer=0.97), ["lengen_strongest_beats_transformer_at_largest_k"]),  # a tie fails

@@ -510,12 +510,12 @@ def weak_retrieval(cfg: HornRunCfg, graph, evaluate, params, replicas) -> dict:
     accuracy, recall = {}, {}
     for i, beta in enumerate(cfg.weak_betas):
         weak = dataclasses.replace(cfg, horn=dataclasses.replace(cfg.horn, beta=beta))
-        make_set = lambda k: fixed_set(weak, graph, WEAK_SEED + 1000 * i + k, "lengen", k, k, examples)
+        sets = {k: fixed_set(weak, graph, WEAK_SEED + 1000 * i + k, "lengen", k, k, examples) for k in cfg.lengen_ks}
         key = f"{beta:g}"
-        recall[key] = {str(k): float(jnp.mean(make_set(k).oracle_pos >= 0)) for k in cfg.lengen_ks}
+        recall[key] = {str(k): float(jnp.mean(data.oracle_pos >= 0)) for k, data in sets.items()}
         say(f"[p1_horn] weak retriever beta {key}: recall@k " + ", ".join(f"{k} {r:.3f}" for k, r in recall[key].items()))
         accuracy[key] = sweep_results.length_generalisation(
-            cfg.lengen_ks, make_set, lambda p, d: evaluate(p, d, "class1"), params, replicas, cfg.offsets,
+            cfg.lengen_ks, sets.__getitem__, lambda p, d: evaluate(p, d, "class1"), params, replicas, cfg.offsets,
             "accuracy", f"p1_horn weak beta {key}", keep=("accuracy",))["lengen_accuracy"]
     return {"weak_betas": [f"{b:g}" for b in cfg.weak_betas], "weak_accuracy": accuracy, "weak_recall": recall}
 
