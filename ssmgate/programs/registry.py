@@ -46,7 +46,8 @@ PROGRAMS = {p.name: p for p in (
     Program("p2_theory", "ssmgate.programs.p2_theory", "p2", ("theory",)),
     Program("p2_state_tracking", "ssmgate.programs.p2_state_tracking", "p2",
             ("state_tracking_parity", "state_tracking_mod3", "state_tracking_arith")),
-    Program("p2_lm", "ssmgate.programs.p2_lm", "p2", ("lm_rope05", "lm_rope0", "lm_rope05_seed1", "lm_rope0_seed1")),
+    Program("p2_lm", "ssmgate.programs.p2_lm", "p2", ("lm_rope05", "lm_rope0", "lm_rope05_seed1", "lm_rope0_seed1",
+                                                          "lm_mimo")),
     Program("train", "ssmgate.programs.train_lm"),
 )}
 

@@ -162,8 +162,53 @@ def test_the_report_section_and_summary_entry(trained, tmp_path):
     assert "| model | params | held-out PPL | C=64 | C=128 |" in md and "paper SISO" in md
     assert entry["bucket_ppl"]["rotation"] == s["long_eval"]["bucket_ppl"] and "| model | rows | [0, 32) |" in md
     entry, md = p2_lm_report.build({"lm_rope05": s}, "quick", {}, {}, tmp_path / "fig", run_dir.parent)
-    assert "Runs without a summary (failed or not run): lm_rope0, lm_rope05_seed1, lm_rope0_seed1" in md
+    assert "Runs without a summary (failed or not run): lm_rope0, lm_rope05_seed1, lm_rope0_seed1, lm_mimo" in md
     assert "rotation_heldout_ppl_below_no_rotation_beyond_seed_spread" not in entry["checks"]
+
+
+def test_a_mimo_model_runs_the_interventions_and_the_report_contrasts_it_with_siso(trained, tmp_path):
+    cfg, run_dir, s = trained
+    mimo_cfg = make_cfg(model=dataclasses.replace(TINY, mimo_rank=2, chunk_size=16), steps=2, variant="rotation_mimo",
+                        interventions=("phase_removal", "decay_permutation"), bc_window=128, diag_len=256,
+                        diag_skip=16, diag_short=64, pseudo_books=3)
+    m = p2_lm.run(mimo_cfg, str(tmp_path / "mimo"))
+    assert set(m["long_eval"]["intervention_ratio"]) == {"phase_removal", "decay_permutation"}
+    assert set(m["long_eval"]["bc_removal_ratio"]) == {"remove_B", "remove_C", "remove_both"}
+    assert "native" in m["long_eval"]["state_stats"] and m["params"] > s["params"]
+    entry, md = p2_lm_report.build({"lm_rope05": s, "lm_mimo": m}, "quick", {}, {}, tmp_path / "fig", run_dir.parent)
+    assert entry["mimo"]["intervention_ratio"] == m["long_eval"]["intervention_ratio"]
+    assert entry["intervention_ratio"] == s["long_eval"]["intervention_ratio"]  # the SISO keys stay the SISO model's
+    assert {n for n in entry["checks"] if n.startswith("mimo_")} >= {
+        "mimo_every_phase_intervention_ratio_gt_1.15", "mimo_table7_remove_C_gt_remove_B",
+        "mimo_cosine_rises_after_phase_removal", "mimo_cosine_shift_larger_than_siso",
+        "mimo_ratio_growth_with_C_below_siso_every_intervention_beyond_ci"}
+    assert "MIMO rank 4 (run `lm_mimo`" in md and "| intervention | C=64 | C=128 | ours SISO | paper MIMO |" in md
+
+
+def _mimo_entry(siso_growth: float, mimo_growth: float, mimo_removal: float) -> dict:
+    """A summary entry whose SISO ratios grow by siso_growth from C=64 to C=128 and whose MIMO ones by mimo_growth,
+    with intervals of +-1% (MIMO's phase removal at C=128 is mimo_removal)."""
+    ci = lambda rows: {k: {c: [0.99 * v, 1.01 * v] for c, v in row.items()} for k, row in rows.items()}  # noqa: E731
+    siso = {k: {"64": v, "128": v * siso_growth} for k, v in
+            (("phase_removal", 3.0), ("phase_reversal", 7.0), ("decay_permutation", 5.0))}
+    mimo = {k: {"64": v, "128": v * mimo_growth} for k, v in
+            (("phase_removal", 9.0), ("phase_reversal", 3.5), ("decay_permutation", 1.22))}
+    mimo["phase_removal"]["128"] = mimo_removal
+    return {"ppl": {}, "intervention_ratio": siso, "intervention_ratio_ci": ci(siso),
+            "mimo": {"intervention_ratio": mimo, "intervention_ratio_ci": ci(mimo)}}
+
+
+@pytest.mark.parametrize("siso_growth, mimo_growth, mimo_removal, growth_ok, order_ok", [
+    (3.0, 1.0, 9.0, True, True),     # the paper's picture: SISO grows, MIMO flat, removal largest
+    (1.0, 1.0, 9.0, False, True),    # SISO flat too: no contrast
+    (3.0, 1.0, 3.0, True, False),    # removal below reversal at the largest C
+    (3.0, 1.0, 3.5, True, False),    # removal tied with reversal: a tie is not an ordering
+])
+def test_the_mimo_checks_state_table_5s_contrast(siso_growth, mimo_growth, mimo_removal, growth_ok, order_ok):
+    checks = p2_lm_report.checks(_mimo_entry(siso_growth, mimo_growth, mimo_removal))
+    assert checks["mimo_ratio_growth_with_C_below_siso_every_intervention_beyond_ci"] is growth_ok
+    assert checks["mimo_phase_removal_largest_decay_permutation_smallest_at_largest_C_beyond_ci"] is order_ok
+    assert checks["mimo_every_phase_intervention_ratio_gt_1.15"] is True
 
 
 def test_a_model_without_rotation_gets_only_the_native_numbers(tmp_path):
@@ -245,16 +290,19 @@ def test_memory_children_compile_at_O0_unless_the_user_set_a_level_and_without_a
 def test_flag_files_dry_run():
     # (rope05, rope0) x (paper, cpu, quick); the paper ones include experiments/models/p2_lm_187m_*.flags,
     # which test_train_lm dry-runs with the paper's sizes.
-    # and the second seed of each, which includes its seed-0 file
-    assert len(sorted((REPO / "experiments" / "p2").rglob("lm_*.flags"))) == 12
+    # and the second seed of each, which includes its seed-0 file; lm_mimo at each scale (paper: the official MIMO)
+    assert len(sorted((REPO / "experiments" / "p2").rglob("lm_*.flags"))) == 15
     paths = ("experiments/p2/cpu/lm_rope05.flags", "experiments/p2/quick/lm_rope0.flags",
-             "experiments/p2/cpu/lm_rope05_seed1.flags")
+             "experiments/p2/cpu/lm_rope05_seed1.flags", "experiments/p2/cpu/lm_mimo.flags",
+             "experiments/p2/lm_mimo.flags")
     *results, bad = run_many([[f"--flagfile={path}", "--dry_run"] for path in paths] +
                              [["--flagfile=experiments/p2/quick/lm_rope05.flags", "--init_official=x.safetensors",
                                "--dry_run"]])
     for path, res in zip(paths, results):
         assert res.returncode == 0, (path, res.stderr[-2000:])
         assert "long_eval: LongEvalCfg(" in res.stdout and "mesh {" in res.stdout
-    seed1 = results[2].stdout
+    seed1, mimo, official = (results[i].stdout for i in (2, 3, 4))
+    assert "mimo_rank=4" in mimo and "chunk_size=16" in mimo and "official checkpoint" not in mimo
+    assert "official checkpoint: checkpoints/mamba3_1p5b_mimo" in official and "published 21.12" in official
     assert "interventions=(), bc_window=None, heatmap_window=None, diag_len=0" in seed1 and "shuffle_seed=1" in seed1
     assert bad.returncode != 0 and "drop --steps" in bad.stderr and "Traceback" not in bad.stderr

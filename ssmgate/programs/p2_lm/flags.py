@@ -57,7 +57,7 @@ flags.DEFINE_string("variant", "", "The report's name of this model (e.g. rotati
 flags.DEFINE_string("init_official", None, "Evaluate an official Mamba-3 checkpoint: its safetensors file or folder "
                     "with upstream's config.json beside it, which gives the model (model flags given must agree; "
                     "--a_activation is the decay's: heavy, or softplus for weights before mamba_ssm c69aaab). "
-                    "No training.")
+                    "No training. Empty: none.")
 flags.DEFINE_float("official_ppl", None, "--init_official: the published native PPL at --official_ppl_window; the run "
                    "stops before any intervention unless the converted checkpoint measures it within the tolerance.")
 flags.DEFINE_integer("official_ppl_window", None, "--init_official: the window size of --official_ppl "
@@ -76,7 +76,7 @@ def _ints(name: str) -> tuple:
 
 
 def config_from_flags() -> p2_lm.P2LMCfg:
-    official = FLAGS.init_official
+    official = FLAGS.init_official or None  # empty: none (how a scale's file clears its paper file's)
     steps = None if official else tf.require("steps", "p2_lm")
     batch = tf.require("batch", "p2_lm")
     lr = tf.one_lr("p2_lm", default=1e-3 if official else None)

@@ -1,7 +1,8 @@
 """The P2 language-modelling section of the reproduction report and its summary entry `p2_lm`.
 
 `build(runs, ...)` takes the summaries of the `lm_rope05` (rotation) and `lm_rope0` (no rotation)
-runs of ssmgate.programs.p2_lm.program and of their second seeds `*_seed1` (any may be missing) and returns
+runs of ssmgate.programs.p2_lm.program, of their second seeds `*_seed1` and of `lm_mimo` (the rotation
+model at MIMO rank 4; any may be missing) and returns
   ({"ppl": {variant: held-out PPL of seed 0}, "window_ppl": {variant: {C: PPL}},
     "ppl_seeds": {variant: [PPL per seed]}, "window_ppl_seeds": {variant: {C: [PPL per seed]}},
     "bucket_ppl_seeds": {variant: {"lo-hi": [PPL per seed]}},
@@ -16,7 +17,9 @@ runs of ssmgate.programs.p2_lm.program and of their second seeds `*_seed1` (any 
     "window_ppl_along_training_seeds": {variant: {step: {C: [PPL per seed]}}},
     "state_stats": {native | removed: {cosine, rms}} (the long span; "state_stats_by_span" has both),
     "val_curve": {variant: [[step, ppl], ...]}, "bucket_ppl": {variant: {"lo-hi": ppl, "rows": n}},
-    "layer_heatmap", "memory", "checks", "wall_s"},
+    "layer_heatmap", "memory", "checks", "wall_s",
+    "mimo": {"ppl", "params", "window_ppl", and the intervention keys above (intervention_*, bc_*, state_stats*)
+      of the MIMO rank-4 rotation model, run `lm_mimo`}},
    markdown)
 with the paper's numbers (protocol §8.2-8.4, SISO and MIMO 1.5B) beside ours.
 """
@@ -34,6 +37,8 @@ from ssmgate.report.format import Checks, report_tail, table
 RUNS = {"lm_rope05": "rotation", "lm_rope0": "no_rotation"}  # seed 0: every measurement
 SEED_RUNS = {"lm_rope05": ("rotation", 0), "lm_rope0": ("no_rotation", 0),  # the seed spread of the PPL claims
              "lm_rope05_seed1": ("rotation", 1), "lm_rope0_seed1": ("no_rotation", 1)}
+# The MIMO rank-4 rotation model: its interventions and diagnostics beside the SISO model's (P2 Tables 5-7, MIMO).
+MIMO_RUN = "lm_mimo"
 INTERVENTION_NAMES = {"decay_permutation": "decay permutation", "phase_shuffle": "phase shuffle",
                       "phase_removal": "phase removal", "phase_reversal": "phase reversal"}
 # protocol §8.2 Table 5: ratio to native PPL at 2K / 16K / 64K, SISO and MIMO 1.5B.
@@ -77,20 +82,31 @@ def collect(runs: dict) -> dict:
                     entry.setdefault("window_ppl_along_training_seeds", {}).setdefault(variant, {}).setdefault(
                         step, {}).setdefault(c, []).append(v)
     rot = runs.get("lm_rope05", {}).get("long_eval", {})
-    for key in ("intervention_ratio", "intervention_ppl", "bc_removal_ratio", "bc_removal_ppl", "bc_window",
-                "layer_heatmap", "memory", "n_windows", "intervention_ratio_ci", "bc_removal_ratio_ci",
-                "bc_removal_ppl_ci", "windows"):
+    entry.update(_interventions(rot))
+    for key in ("layer_heatmap", "memory", "n_windows", "windows"):
         if key in rot:
             entry[key] = rot[key]
     traj = rot.get("phase_trajectories")
     if traj:
         entry["phase_trajectories"] = {k: v for k, v in traj.items() if k != "channels"}
-    if "state_stats" in rot and "native" in rot["state_stats"]:
-        stats = rot["state_stats"]
-        entry["state_stats"] = {k: stats[k]["long"] for k in ("native", "removed")}
-        entry["state_stats_by_span"] = {k: stats[k] for k in ("native", "removed")}
-        entry["state_stats_spans"] = stats["spans"]
+    if MIMO_RUN in runs:
+        s = runs[MIMO_RUN]
+        entry["mimo"] = {"ppl": s["ppl"], "params": s["params"], "window_ppl": s["long_eval"]["window_ppl"],
+                         **_interventions(s["long_eval"])}
     return entry
+
+
+def _interventions(long_eval: dict) -> dict:
+    """The intervention measurements of one model's long evaluation (Tables 5-7), as the summary keeps them."""
+    out = {key: long_eval[key] for key in (
+        "intervention_ratio", "intervention_ppl", "bc_removal_ratio", "bc_removal_ppl", "bc_window",
+        "intervention_ratio_ci", "bc_removal_ratio_ci", "bc_removal_ppl_ci") if key in long_eval}
+    stats = long_eval.get("state_stats")
+    if stats and "native" in stats:
+        out["state_stats"] = {k: stats[k]["long"] for k in ("native", "removed")}
+        out["state_stats_by_span"] = {k: stats[k] for k in ("native", "removed")}
+        out["state_stats_spans"] = stats["spans"]
+    return out
 
 
 def _below_beyond_spread(low: list, high: list) -> bool:
@@ -203,21 +219,7 @@ def checks(entry: dict) -> Checks:
                 "P2 Table 5 (SISO): the intervention ratios grow with the window C; here every intervention's ratio "
                 "at the largest C exceeds its ratio at the smallest C beyond both 95% bootstrap intervals",
                 "acceptance, P2 Table 5: SISO ratios grow with C; " + bars.source("lm_ci_level"))
-    bc = entry.get("bc_removal_ratio")
-    if bc:
-        ci = entry.get("bc_removal_ratio_ci", {})
-        one = lambda k: (bc[k], ci.get(k))  # noqa: E731
-        out.add("table7_each_single_removal_gt_remove_both_gt_native",
-                _above(*one("remove_B"), *one("remove_both")) and _above(*one("remove_C"), *one("remove_both"))
-                and _above(*one("remove_both"), 1.0, None),
-                "P2 Table 7: removing one side's rotation (B or C) hurts more than removing both, and removing both "
-                "still hurts (a partial recovery); each beyond the 95% bootstrap intervals",
-                "acceptance, P2 Table 7: remove-B, remove-C > remove-both > native; " + bars.source("lm_ci_level"))
-        out.add("table7_remove_C_gt_remove_B", _above(*one("remove_C"), *one("remove_B")),
-                "P2 Table 7: removing C's (read) rotation hurts more than removing B's (write), beyond the 95% "
-                "bootstrap intervals",
-                "acceptance, P2 Table 7: remove-C >= remove-B (strict here, as every ordering; paper 12.18 > 9.04 "
-                "SISO, 5.74 > 4.89 MIMO); " + bars.source("lm_ci_level"))
+    _table7_checks(out, entry)
     traj = entry.get("phase_trajectories")
     if traj:
         bar = bars.bar("lm_fig4_fast_over_slow")
@@ -243,16 +245,8 @@ def checks(entry: dict) -> Checks:
                 all(v is not None and lo <= v <= hi for v in changes),
                 "P2 Fig 2: phase removal in a window of layers changes accuracy by -45 to +3 points",
                 bars.source("lm_fig2_change_lo", "lm_fig2_change_hi"))
-    stats = entry.get("state_stats_by_span")
-    if stats:
-        spans = list(stats["native"])
-        out.add("cosine_rises_after_phase_removal",
-                all(stats["removed"][s]["cosine"] > stats["native"][s]["cosine"] for s in spans),
-                "P2 Table 6: the history/update cosine is larger after phase removal, at both spans",
-                "acceptance, P2 Table 6")
-        out.add("rms_rises_after_phase_removal", all(stats["removed"][s]["rms"] > stats["native"][s]["rms"]
-                                                     for s in spans),
-                "P2 Table 6: the RMS state norm is larger after phase removal, at both spans", "acceptance, P2 Table 6")
+    _table6_checks(out, entry)
+    _mimo_checks(out, entry)
     mem = entry.get("memory")
     if mem:
         frac = bars.bar("lm_memory_growth")
@@ -261,6 +255,89 @@ def checks(entry: dict) -> Checks:
                 "ours: scoring a window in state-carrying pieces needs memory independent of its length",
                 bars.source("lm_memory_growth"))
     return out
+
+
+def _table7_checks(out: Checks, m: dict, prefix: str = "", model: str = "") -> None:
+    """P2 Table 7 on one model's entry `m` (the SISO rotation model's, or entry["mimo"] with prefix "mimo_")."""
+    bc = m.get("bc_removal_ratio")
+    if not bc:
+        return
+    ci = m.get("bc_removal_ratio_ci", {})
+    one = lambda k: (bc[k], ci.get(k))  # noqa: E731
+    out.add(f"{prefix}table7_each_single_removal_gt_remove_both_gt_native",
+            _above(*one("remove_B"), *one("remove_both")) and _above(*one("remove_C"), *one("remove_both"))
+            and _above(*one("remove_both"), 1.0, None),
+            f"P2 Table 7{model}: removing one side's rotation (B or C) hurts more than removing both, and removing "
+            "both still hurts (a partial recovery); each beyond the 95% bootstrap intervals",
+            "acceptance, P2 Table 7: remove-B, remove-C > remove-both > native, both models; "
+            + bars.source("lm_ci_level"))
+    out.add(f"{prefix}table7_remove_C_gt_remove_B", _above(*one("remove_C"), *one("remove_B")),
+            f"P2 Table 7{model}: removing C's (read) rotation hurts more than removing B's (write), beyond the 95% "
+            "bootstrap intervals",
+            "acceptance, P2 Table 7: remove-C >= remove-B (strict here, as every ordering; paper 12.18 > 9.04 "
+            "SISO, 5.74 > 4.89 MIMO); " + bars.source("lm_ci_level"))
+
+
+def _table6_checks(out: Checks, m: dict, prefix: str = "", model: str = "") -> None:
+    stats = m.get("state_stats_by_span")
+    if not stats:
+        return
+    spans = list(stats["native"])
+    for stat, name in (("cosine", "the history/update cosine"), ("rms", "the RMS state norm")):
+        out.add(f"{prefix}{stat}_rises_after_phase_removal",
+                all(stats["removed"][s][stat] > stats["native"][s][stat] for s in spans),
+                f"P2 Table 6{model}: {name} is larger after phase removal, at both spans",
+                "acceptance, P2 Table 6 (both models)")
+
+
+def _growth_bounds(row: dict, ci: dict) -> tuple:
+    """(lowest, highest) ratio(largest C) / ratio(smallest C) within the 95% intervals of both ends."""
+    small, large = min(row, key=int), max(row, key=int)
+    return (_lo(ci.get(large), row[large]) / _hi(ci.get(small), row[small]),
+            _hi(ci.get(large), row[large]) / _lo(ci.get(small), row[small]))
+
+
+def _mimo_checks(out: Checks, entry: dict) -> None:
+    """P2 Tables 5-7, MIMO: the MIMO rank-4 rotation model (entry["mimo"]) on its own and against the SISO one."""
+    m = entry.get("mimo")
+    if not m:
+        return
+    ratios, ci = m.get("intervention_ratio"), m.get("intervention_ratio_ci", {})
+    if ratios:
+        bar = bars.bar("lm_table5_ratio")
+        out.add(f"mimo_every_phase_intervention_ratio_gt_{bar:g}",
+                all(r is not None and _lo(ci.get(k, {}).get(c), r) > bar
+                    for k, row in ratios.items() for c, r in row.items()),
+                f"P2 Table 5, MIMO: every intervention raises PPL by more than x{bar:g} at every C (the lower end of "
+                "the 95% bootstrap interval over windows)", bars.source("lm_table5_ratio", "lm_ci_level"))
+        at = {k: (row[max(row, key=int)], ci.get(k, {}).get(max(row, key=int))) for k, row in ratios.items()}
+        others = lambda k: [o for o in at if o != k]  # noqa: E731
+        out.add("mimo_phase_removal_largest_decay_permutation_smallest_at_largest_C_beyond_ci",
+                {"phase_removal", "decay_permutation"} <= set(at) and len(at) > 2
+                and all(_above(*at["phase_removal"], *at[o]) for o in others("phase_removal"))
+                and all(_above(*at[o], *at["decay_permutation"]) for o in others("decay_permutation")),
+                "P2 Table 5, MIMO: at the largest window phase removal hurts most and the decay permutation least "
+                "(every phase intervention exceeds it), each beyond the 95% bootstrap intervals",
+                "acceptance, P2 Table 5: MIMO removal largest, decay-perm smallest (paper 15.08 > 3.60 > 3.20 > "
+                "1.21 at 64K); " + bars.source("lm_ci_level"))
+        siso, siso_ci = entry.get("intervention_ratio") or {}, entry.get("intervention_ratio_ci", {})
+        shared = [k for k in ratios if k in siso and len(ratios[k]) > 1 and len(siso[k]) > 1]
+        out.add("mimo_ratio_growth_with_C_below_siso_every_intervention_beyond_ci",
+                bool(shared) and all(_growth_bounds(ratios[k], ci.get(k, {}))[1]
+                                     < _growth_bounds(siso[k], siso_ci.get(k, {}))[0] for k in shared),
+                "P2 Table 5: SISO's ratios grow with C while MIMO's stay roughly flat: for every intervention the "
+                "MIMO ratio's growth from the smallest to the largest C (its highest within the intervals) is below "
+                "the SISO one's (its lowest)",
+                "acceptance, P2 Table 5: SISO ratios grow with C, MIMO roughly flat (paper growth 2K -> 64K: SISO "
+                "x1.1-x12.8, MIMO x0.99-x1.6 per intervention); " + bars.source("lm_ci_level"))
+    _table7_checks(out, m, "mimo_", ", MIMO")
+    _table6_checks(out, m, "mimo_", ", MIMO")
+    siso_stats, mimo_stats = entry.get("state_stats"), m.get("state_stats")
+    if siso_stats and mimo_stats:
+        shift = lambda st: st["removed"]["cosine"] - st["native"]["cosine"]  # noqa: E731
+        out.add("mimo_cosine_shift_larger_than_siso", shift(mimo_stats) > shift(siso_stats),
+                "P2 Table 6: phase removal moves the history/update cosine more in the MIMO model than in the SISO "
+                "one (long span)", "acceptance, P2 Table 6: MIMO cosine shift larger than SISO")
 
 
 def recheck(entry: dict) -> Checks:
@@ -367,6 +444,38 @@ def _ci(ci, digits=3):
     return "–" if not ci else f"[{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
 
 
+def _mimo_section(entry: dict, sizes: list) -> list:
+    """The MIMO rank-4 model's Tables 5-7 beside the SISO model's ratios and the paper's MIMO ones."""
+    m = entry["mimo"]
+    lines = [f"MIMO rank 4 (run `{MIMO_RUN}`: the rotation model with rank-4 MIMO, {m['params']:,} parameters, the "
+             f"same data and schedule; held-out PPL {_fmt(m['ppl'])}; native windowed PPL "
+             + ", ".join(f"C={c} {_fmt(m['window_ppl'].get(c))}" for c in sizes) + "). The paper's MIMO contrasts "
+             "(Tables 5-7) are on the official 1.5B MIMO checkpoint.", ""]
+    ratio, kci, siso = m.get("intervention_ratio", {}), m.get("intervention_ratio_ci", {}), entry.get("intervention_ratio", {})
+    if ratio:
+        rows = [[INTERVENTION_NAMES.get(k, k),
+                 *[_ratio_cell(m["intervention_ppl"][k][c], ratio[k][c], kci.get(k, {}).get(c)) for c in sizes],
+                 ", ".join(f"{siso[k][c]:.2f}" for c in sizes) if k in siso else "–",
+                 ", ".join(f"{v:g}" for v in PAPER_TABLE5.get(k, ((), ()))[1])] for k in ratio]
+        lines += ["Phase-structure interventions on the MIMO model (protocol §8.2, Table 5): PPL (ratio to native, "
+                  "95% interval), the SISO model's ratios at the same C, and the paper's MIMO ratios at 2K / 16K / 64K.",
+                  "", table(["intervention", *[f"C={c}" for c in sizes], "ours SISO", "paper MIMO"], rows)]
+    if m.get("bc_removal_ratio"):
+        r, rci = m["bc_removal_ratio"], m.get("bc_removal_ratio_ci", {})
+        rows = [[k.replace("_", " "), _ratio_cell(m["bc_removal_ppl"][k], r[k], rci.get(k)),
+                 _fmt((entry.get("bc_removal_ratio") or {}).get(k), 2), f"{PAPER_TABLE7[k][1]:g}"] for k in PAPER_TABLE7]
+        lines += [f"Write/read rotation removal on the MIMO model (C={m['bc_window']}, Table 7):", "",
+                  table(["intervention", "PPL (ratio, interval)", "ours SISO ratio", "paper MIMO ratio"], rows)]
+    if m.get("state_stats"):
+        st, siso_st = m["state_stats"], entry.get("state_stats")
+        lines += ["State diagnostics of the MIMO model over the long span (Table 6): cosine "
+                  f"{st['native']['cosine']:.3f} → {st['removed']['cosine']:.3f}, RMS {st['native']['rms']:.3f} → "
+                  f"{st['removed']['rms']:.3f}"
+                  + (f" (SISO: cosine {siso_st['native']['cosine']:.3f} → {siso_st['removed']['cosine']:.3f})"
+                     if siso_st else "") + ".", ""]
+    return lines
+
+
 def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, run_root: Path):
     figure_dir.mkdir(parents=True, exist_ok=True)
     entry = collect(runs)
@@ -374,7 +483,7 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
     entry["wall_s"] = walls
     lines = [f"## P2 language modelling and interventions ({scale} scale)", ""]
     if not entry["ppl"]:
-        return entry, "\n".join(lines + report_tail({}, list(SEED_RUNS), changes)) + "\n"
+        return entry, "\n".join(lines + report_tail({}, [*SEED_RUNS, MIMO_RUN], changes)) + "\n"
     win = entry["window_ppl"]
     sizes = sorted({c for row in win.values() for c in row}, key=int)
     rows = [[v.replace("_", " "), f"{entry['params'][v]:,}", _fmt(entry["ppl"][v]),
@@ -429,6 +538,8 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
         lines += [f"Write/read rotation removal on the scored positions of C={entry['bc_window']} windows "
                   "(protocol §8.4, Table 7; paper at 64K); ratio to native with its 95% bootstrap interval:", "",
                   table(["intervention", "PPL (ratio, interval)", "paper SISO ratio", "paper MIMO ratio"], rows)]
+    if entry.get("mimo"):
+        lines += _mimo_section(entry, sizes)
     if entry.get("state_stats_by_span"):
         st, spans = entry["state_stats_by_span"], entry["state_stats_spans"]
         rows = []
@@ -488,5 +599,5 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
                   f"some 20 MB); the longest window in one piece needs {mem['unchunked_extra_mb']:.0f} MB more "
                   f"(its logits alone are {mem['full_logits_mb']:.1f} MB).", "",
                   table(["window (tokens)", "piece (tokens)", "peak RSS (MB)"], rows)]
-    lines += report_tail(entry["checks"], [r for r in SEED_RUNS if r not in runs], changes)
+    lines += report_tail(entry["checks"], [r for r in (*SEED_RUNS, MIMO_RUN) if r not in runs], changes)
     return entry, "\n".join(lines) + "\n"
