@@ -27,6 +27,7 @@ from typing import Callable
 from ssmgate.data import pieces, shards
 from ssmgate.data.shard_worker import tokenize_job, tokenize_piece
 from ssmgate.data.store import TokenStore
+from ssmgate.processes import alive
 from ssmgate.tasks.tokenizers import load_tokenizer
 
 SHARD_BYTES = 64 << 20   # text per shard at most (a shard of byte tokens: 128 MB of uint16 before zstd)
@@ -56,18 +57,8 @@ def _remove_stale_tmp(out: Path) -> None:
     host = socket.gethostname()
     for path in glob.glob(str(out / f"*.tmp-{glob.escape(host)}-*")):
         pid = path.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             Path(path).unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _done(out: Path, i: int) -> dict | None:
