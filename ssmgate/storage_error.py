@@ -14,6 +14,7 @@ class StorageError(OSError):
     what is intact."""
 
 
+_NAMED = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EIO)
 _CODE = re.compile(r"os_error_code='?(\d+)")  # how tensorstore (orbax's writer) reports the OS error
 
 
@@ -39,5 +40,8 @@ def cause(e: BaseException) -> str:
         code = code if code is not None else (int(found[1]) if found else None)
         if code:
             return f"{os.strerror(code)} ({errno.errorcode.get(code, code)})"
+    for code in _NAMED:  # C++ writers (ArrayRecord's) give the OS text without its number
+        if any(os.strerror(code) in str(x) for x in _chain(e)):
+            return f"{os.strerror(code)} ({errno.errorcode[code]})"
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return f"{type(e).__name__}: {text[:300]}"
