@@ -12,8 +12,8 @@ flagfile=$1; shift
 run_dir="runs/$(basename "${flagfile%.flags}")"
 if [[ $# -gt 0 && $1 != --* ]]; then run_dir=$1; shift; fi
 py=.venv/bin/python
-[[ -x $py ]] || { echo "[local] .venv missing: running 'make venv' first" >&2; make venv; }
 cmd=("$py" -m ssmgate.main --flagfile="$flagfile" --run_dir="$run_dir" "$@")
 echo "[local] ${cmd[*]}"
-[[ ${DRY:-0} == 1 ]] && exit 0
+[[ ${DRY:-0} == 1 ]] && exit 0  # before the venv: a dry run builds nothing
+[[ -x $py ]] || { echo "[local] .venv missing: running 'make venv' first" >&2; make venv; }
 exec "${cmd[@]}"

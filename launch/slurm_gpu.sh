@@ -8,11 +8,15 @@
 # each process to the one local GPU numbered SLURM_LOCALID (so every task must see all the GPUs of
 # its node: no --gpus-per-task, srun --gpu-bind=none). One task per node would train on one GPU
 # per node.
+# Each task gets CPUS_PER_GPU cores (default 8: XLA compiles and the data loader reads on them; a
+# site default of 1 CPU per task starves both) and each node MEM_PER_NODE memory (default 0: all of
+# the node's, as whole nodes should be taken).
 # Preemption and the time limit: SLURM sends SIGTERM to the tasks 120 s before the end
 # (--signal=TERM@120; SIGNAL_S=seconds to change); the run finishes its step, saves a checkpoint
 # and exits with status 75; the job then requeues itself (scontrol requeue, --requeue) and the
-# requeued job resumes from RUN_DIR. Any other exit status ends the job. RUN_DIR must be on a
-# filesystem all nodes share.
+# requeued job resumes from RUN_DIR. Where the site's preemption requeues jobs itself, scontrol
+# refuses a second requeue: the script then reads the job's state and says that the scheduler
+# requeued it. Any other exit status ends the job. RUN_DIR must be on a filesystem all nodes share.
 # The job uses the repository's .venv (make venv, plus a CUDA jax: pip install -U "jax[cuda12]").
 # DRY=1 prints the job script instead of submitting it.
 set -euo pipefail
@@ -22,10 +26,11 @@ if [[ $# -lt 2 || ! -f "$1" ]]; then
   exit 2
 fi
 flagfile=$1 run_dir=$2; shift 2
-nodes=${NODES:-1} gpus=${GPUS_PER_NODE:-8}
-for v in "NODES=$nodes" "GPUS_PER_NODE=$gpus" "SIGNAL_S=${SIGNAL_S:-120}"; do
+nodes=${NODES:-1} gpus=${GPUS_PER_NODE:-8} cpus=${CPUS_PER_GPU:-8} mem=${MEM_PER_NODE:-0}
+for v in "NODES=$nodes" "GPUS_PER_NODE=$gpus" "SIGNAL_S=${SIGNAL_S:-120}" "CPUS_PER_GPU=$cpus"; do
   [[ ${v#*=} =~ ^[1-9][0-9]*$ ]] || { echo "[slurm_gpu] $v: expected an integer >= 1" >&2; exit 2; }
 done
+[[ $mem =~ ^[0-9]+[KMGT]?$ ]] || { echo "[slurm_gpu] MEM_PER_NODE=$mem: expected 0 (all of the node's) or a size such as 480G" >&2; exit 2; }
 if [[ $run_dir =~ [[:space:]] ]]; then
   echo "[slurm_gpu] RUN_DIR '$run_dir' contains whitespace: expected a path without (#SBATCH --output cannot quote it)" >&2
   exit 2
@@ -40,6 +45,8 @@ script=$(cat <<JOB
 #SBATCH --nodes=$nodes
 #SBATCH --ntasks-per-node=$gpus
 #SBATCH --gpus-per-node=$gpus
+#SBATCH --cpus-per-task=$cpus
+#SBATCH --mem=$mem
 #SBATCH --output=$run_dir/slurm-%j.out
 #SBATCH --open-mode=append
 #SBATCH --requeue
@@ -51,11 +58,21 @@ echo "[slurm_gpu] job \$SLURM_JOB_ID, start \${SLURM_RESTART_COUNT:-0} (requeues
 # the trap keeps the shell alive until srun returns, to read the run's exit status.
 trap 'echo "[slurm_gpu] SIGTERM: waiting for the run to save"' TERM
 status=0
-srun --gpu-bind=none .venv/bin/python -m ssmgate.main --distributed --flagfile=$(q "$flagfile") --run_dir=$(q "$run_dir")$extra || status=\$?
+# srun takes --cpus-per-task from the job only when told (SLURM >= 22.05 no longer passes it on).
+srun --gpu-bind=none --cpus-per-task=\${SLURM_CPUS_PER_TASK:-$cpus} .venv/bin/python -m ssmgate.main --distributed --flagfile=$(q "$flagfile") --run_dir=$(q "$run_dir")$extra || status=\$?
 case \$status in
   0) echo "[slurm_gpu] the run finished: $run_dir/summary.json" ;;
   75) echo "[slurm_gpu] the run saved a checkpoint and stopped (exit 75): requeueing job \$SLURM_JOB_ID to resume"
-      scontrol requeue "\$SLURM_JOB_ID" || { echo "[slurm_gpu] scontrol requeue failed: resubmit to resume" >&2; exit 75; } ;;
+      if ! err=\$(scontrol requeue "\$SLURM_JOB_ID" 2>&1); then
+        # A site whose preemption requeues jobs itself has done so already: scontrol then refuses.
+        state=\$(scontrol show job "\$SLURM_JOB_ID" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | head -n 1)
+        case \${state#JobState=} in
+          PREEMPTED|REQUEUED|REQUEUE_HOLD|REQUEUE_FED|PENDING)
+            echo "[slurm_gpu] the scheduler has requeued job \$SLURM_JOB_ID itself (\$state): it resumes from the checkpoint when it starts again" ;;
+          *) echo "[slurm_gpu] scontrol requeue failed (\$err; \${state:-job state unknown}): submit the same command again to resume from the checkpoint" >&2 ;;
+        esac
+        exit 75
+      fi ;;
   *) echo "[slurm_gpu] the run failed with exit status \$status: not requeued" >&2; exit "\$status" ;;
 esac
 JOB

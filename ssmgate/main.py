@@ -26,13 +26,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 
 from absl import app, flags, logging
 
 from ssmgate import xla_env
-from ssmgate.config_error import ConfigError
-from ssmgate.programs import registry
+from ssmgate.train import preemption
+
+if __name__ == "__main__":  # before the heavy imports: from here on a SIGTERM exits with status 75
+    preemption.catch_stop_signals()
+
+from ssmgate.cli import extension  # noqa: E402
+from ssmgate.config_error import ConfigError  # noqa: E402
+from ssmgate.programs import registry  # noqa: E402
+from ssmgate.storage_error import StorageError  # noqa: E402
 
 registry.define_all_flags()
 PROGRAMS = registry.PROGRAMS
@@ -97,10 +105,21 @@ def program_help(name: str | None) -> str:
     return "\n".join(text)
 
 
+def fail(message: str, status: int) -> None:
+    """Ends the run with one line on stderr."""
+    print(f"[ssmgate] {message}", file=sys.stderr, flush=True)
+    sys.exit(status)
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl's parsing, with --help answered per program (after the flags, so --program may come from a flag file)."""
+    """absl's parsing, with --help answered per program (after the flags, so --program may come from a
+    flag file) and a bad flag answered in one line (absl adds a usage hint to it)."""
     wants_help = any(a in HELP_ARGS for a in argv[1:])
-    args = app.parse_flags_with_usage([a for a in argv if a not in HELP_ARGS])
+    try:
+        args = FLAGS([a for a in argv if a not in HELP_ARGS])
+    except flags.Error as e:
+        fail(f"{' '.join(str(e).split())}; `python -m ssmgate.main --program=NAME --help` lists the flags of a "
+             f"program", EXIT_USAGE)
     if wants_help:
         print(program_help(FLAGS.program))
         sys.exit(0)
@@ -134,11 +153,26 @@ def _initialize_distributed() -> None:
     # On CPU, cross-process collectives go through gloo, jax 0.10's default
     # (jax_cpu_collectives_implementation): the simulated pods of tests/launch/ run on it.
     jax.distributed.initialize(**_distributed_args())
+    # SIGTERM is JAX's now (its preemption notice, shared by every process); SIGINT is not shared,
+    # so it keeps Python's default: KeyboardInterrupt, nothing saved.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     print(f"[ssmgate] process {jax.process_index()}/{jax.process_count()}: "
           f"{jax.local_device_count()} local of {jax.device_count()} devices", flush=True)
 
 
 def main(argv):
+    """The run; every configuration error, refusal and storage failure ends in one line (absl
+    would print its usage text before a usage error)."""
+    try:
+        with preemption.armed():
+            _main(argv)
+    except (app.UsageError, ConfigError) as e:
+        fail(str(e), EXIT_USAGE)
+    except preemption.Interrupted as e:
+        fail(str(e), preemption.EXIT_PREEMPTED)
+
+
+def _main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected positional arguments {argv[1:]}; pass flags as --name=value")
     if FLAGS.program is None:
@@ -157,13 +191,10 @@ def main(argv):
             xla_env.set_cpu_devices(FLAGS.cpu_devices)
         except (ValueError, RuntimeError) as e:
             raise app.UsageError(str(e)) from None
-    try:
-        cfg = program.config_from_flags()
-        if FLAGS.dry_run:
-            print(f"[ssmgate] program {FLAGS.program} (dry run)\n{program.describe(cfg)}", flush=True)
-            return
-    except ConfigError as e:
-        raise app.UsageError(str(e)) from None
+    cfg = program.config_from_flags()
+    if FLAGS.dry_run:
+        print(f"[ssmgate] program {FLAGS.program} (dry run)\n{program.describe(cfg)}", flush=True)
+        return
     if FLAGS.run_dir is None:
         raise app.UsageError("--run_dir is required (where the run writes its outputs)")
     if FLAGS.distributed:
@@ -172,101 +203,98 @@ def main(argv):
     import jax
     from ssmgate.train.run_dir import RunDir
     from ssmgate.train.run_lock import RunDirBusy, RunLock
+    created = "://" not in FLAGS.run_dir and not os.path.lexists(FLAGS.run_dir)
     try:
         rd = RunDir(FLAGS.run_dir)
     except OSError as e:  # an unwritable parent, a file in the way, ...
-        print(f"[ssmgate] --run_dir={FLAGS.run_dir}: cannot create the run directory ({e.strerror or e}); "
-              f"expected a writable directory path", file=sys.stderr, flush=True)
-        sys.exit(EXIT_USAGE)
+        fail(f"--run_dir={FLAGS.run_dir}: cannot create the run directory ({e.strerror or e}); expected a writable "
+             f"directory path", EXIT_USAGE)
     lock = RunLock(rd) if jax.process_index() == 0 else contextlib.nullcontext()
     try:
         with lock:
             _run(program, cfg, rd)
     except RunDirBusy as e:
-        print(f"[ssmgate] {e}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_USAGE)
+        fail(str(e), EXIT_USAGE)
+    except (app.UsageError, ConfigError):  # refused: a directory made for it alone goes again
+        if created:
+            rd.remove_if_unused()
+        raise
+    except StorageError as e:  # disk full, read-only, no permission: the message names the path
+        from ssmgate.train.checkpoint import CheckpointWriteError  # its message lists the checkpoints itself
+        fail(str(e) if isinstance(e, CheckpointWriteError) else f"{e}; {_checkpoints_note(rd)}", 1)
     print(f"[ssmgate] done: {FLAGS.run_dir}/summary.json", flush=True)
 
 
-def _parse_flags(text: str) -> dict:
-    return dict(line.split("=", 1) if "=" in line else (line, "") for line in text.splitlines() if line)
-
-
-def _flag_changes(old: str, new: str) -> str:
-    """'--lr: 0.005 -> 0.01, ...' between two flags.txt texts."""
-    a, b = _parse_flags(old), _parse_flags(new)
-    return ", ".join(f"{k}: {a.get(k, '<unset>')} -> {b.get(k, '<unset>')}" for k in sorted(set(a) | set(b))
-                     if a.get(k) != b.get(k)) or "none"
+def _checkpoints_note(rd) -> str:
+    """What a storage failure left intact of the run's checkpoints (orbax renames a step's folder
+    into place only once it is complete)."""
+    folder = rd.file("checkpoints")
+    steps = sorted(int(p.name) for p in folder.glob("[0-9]*") if p.name.isdigit()) if folder.exists() else []
+    if not steps:
+        return "no checkpoint was written yet; fix the cause and run the same command again"
+    return f"the checkpoints in {folder} (steps {steps}) are intact; fix the cause and run the same command again to " \
+           f"resume from step {steps[-1]}"
 
 
 def _extension(program, cfg, rd):
-    """More --steps on a run with checkpoints: (cfg on the schedule the run trained with, note), or
-    (cfg, None) when this is not an extension. The schedule's length is --steps unless
-    --schedule_steps says otherwise, and the checkpoint's optimizer state was trained on the old
-    one: keeping it changes no trained step, and the added steps run at the schedule's end value."""
+    """(cfg on the schedule the run trains on, note) for a rerun of a run with checkpoints
+    (ssmgate.cli.extension), or (cfg, None) when the flags alone decide. Keeping the checkpoint's
+    optimizer state changes no trained step, and added steps run at the schedule's end value."""
     old = rd.file("flags.txt")
     if FLAGS["schedule_steps"].present or getattr(cfg, "optim", None) is None or not old.exists() \
             or not any(rd.file("checkpoints").glob("[0-9]*")):
         return cfg, None
-    before = _parse_flags(old.read_text())
-    old_steps = int(before.get("--steps", "0") or 0)
-    if FLAGS.steps is None or not 0 < old_steps < FLAGS.steps:
+    schedule = extension.schedule_of_rerun(old.read_text(), str(old), FLAGS.steps)
+    if schedule is None:
         return cfg, None
-    schedule = int(before.get("--schedule_steps", "0") or 0) or old_steps
-    FLAGS.schedule_steps = schedule
+    FLAGS.schedule_steps = schedule.steps
     cfg = program.config_from_flags()
     floor = cfg.optim.lr * cfg.optim.final_lr_frac
+    if schedule.resumed:
+        return cfg, (f"resuming the run extended to --steps={FLAGS.steps} on the schedule it trained with "
+                     f"(--schedule_steps={schedule.steps}, from {old})")
     if floor == 0:
-        raise ConfigError(f"--steps: {old_steps} -> {FLAGS.steps} extends a run whose schedule ends at lr 0 "
-                          f"(--opt_final_lr_frac={cfg.optim.final_lr_frac:g}): the added steps would not train; "
+        raise ConfigError(f"--steps: {schedule.extends_from} -> {FLAGS.steps} extends a run whose schedule ends at "
+                          f"lr 0 (--opt_final_lr_frac={cfg.optim.final_lr_frac:g}): the added steps would not train; "
                           f"expected a new --run_dir for a longer schedule")
-    return cfg, (f"extending the run from --steps={old_steps} to {FLAGS.steps} on the schedule it trained with "
-                 f"(--schedule_steps={schedule}): steps after {schedule} run at its final lr {floor:.3g}")
+    return cfg, (f"extending the run from --steps={schedule.extends_from} to {FLAGS.steps} on the schedule it "
+                 f"trained with (--schedule_steps={schedule.steps}): steps after {schedule.steps} run at its final "
+                 f"lr {floor:.3g}")
 
 
 def _run(program, cfg, rd) -> None:
     """Runs the program in a locked run directory; the new flags become flags.txt once the run
-    accepts them (a fresh run, or a checkpoint of the same configuration)."""
+    accepts them (the loop, on a fresh start or a checkpoint of the same configuration; here for a
+    program without the loop), and a run that ends otherwise leaves the record as it was."""
     import jax
-    from ssmgate.train.checkpoint import CheckpointError, CheckpointWriteError
+    from ssmgate.train.checkpoint import CheckpointError
     from ssmgate.train.loop import TrainingDiverged
     from ssmgate.train.preemption import EXIT_PREEMPTED, Preempted
     main_process = jax.process_index() == 0
-    try:
-        cfg, extension = _extension(program, cfg, rd)
-    except ConfigError as e:
-        raise app.UsageError(str(e)) from None
-    if extension and main_process:
-        print(f"[ssmgate] {extension}", flush=True)
+    cfg, note = _extension(program, cfg, rd)
+    if note and main_process:
+        print(f"[ssmgate] {note}", flush=True)
     flags_text, old = resolved_flags(), rd.file("flags.txt")
     old_text = old.read_text() if main_process and old.exists() else None
     if main_process:
         rd.stage("flags.txt", flags_text)
-    refused = False
     try:
         program.run(cfg, str(rd.path))
-    except ConfigError as e:  # flags that only the running job can check (e.g. the mesh against its devices)
-        refused = True
-        raise app.UsageError(str(e)) from None
-    except CheckpointError as e:  # a resume refused: the run directory keeps its own record
-        refused = True
-        changed = "" if old_text is None else f"; flags changed since {old}: {_flag_changes(old_text, flags_text)}"
-        print(f"[ssmgate] cannot resume: {e}{changed}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_USAGE)
-    except Preempted as e:  # SIGTERM/SIGINT: saved; a scheduler (launch/) requeues on this status
-        print(f"[ssmgate] {e} (exit status {EXIT_PREEMPTED})", flush=True)
-        sys.exit(EXIT_PREEMPTED)
-    except CheckpointWriteError as e:  # disk full, permissions: names the step and what is intact
-        print(f"[ssmgate] {e}", file=sys.stderr, flush=True)
-        sys.exit(1)
-    except TrainingDiverged as e:  # the message names the step, the quantity and the saved state
-        print(f"[ssmgate] training diverged: {e}", file=sys.stderr, flush=True)
-        sys.exit(1)
-    finally:
-        if main_process and refused:
-            rd.file("flags.txt.staged").unlink(missing_ok=True)
-        elif main_process:  # the loop promotes as soon as it accepts; programs without it end here
-            rd.promote("flags.txt")
+    except BaseException as e:
+        if main_process:
+            rd.discard_staged("flags.txt")
+        if isinstance(e, CheckpointError):  # a resume refused: the run directory keeps its own record
+            changed = "" if old_text is None else f"; flags changed since {old}: " \
+                                                  f"{extension.flag_changes(old_text, flags_text)}"
+            fail(f"cannot resume: {e}{changed}", EXIT_USAGE)
+        if isinstance(e, Preempted):  # SIGTERM/SIGINT: saved; a scheduler (launch/) requeues on this status
+            print(f"[ssmgate] {e} (exit status {EXIT_PREEMPTED})", flush=True)
+            sys.exit(EXIT_PREEMPTED)
+        if isinstance(e, TrainingDiverged):  # the message names the step, the quantity and the saved state
+            fail(f"training diverged: {e}", 1)
+        raise  # configuration errors, storage failures and interruptions: main's and _main's one lines
+    if main_process:
+        rd.promote("flags.txt")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,10 @@ ssmgate.main's `main` once per argument list, with the flags reset in between, a
 each what a separate process would have given: the exit status, stdout and stderr (an uncaught
 exception's traceback included). Use it for dry runs and start-up flag checks; runs that train,
 are killed or need their own devices keep their own processes.
+
+`patches` (one per argument list, or None) injects a fault into one run: Python code run in the
+child before that run with `mp`, a pytest.MonkeyPatch undone after it (e.g. an os.write that
+raises ENOSPC, or a stop request at step 6 as a SIGTERM would make one).
 """
 from __future__ import annotations
 
@@ -19,22 +23,28 @@ REPO = Path(__file__).resolve().parents[1]
 
 _CHILD = r"""
 import contextlib, io, json, sys, traceback
+import pytest
 from absl import app, flags
 import ssmgate.main
 
 results = []
-for argv in json.loads(sys.stdin.read()):
+for argv, patch in json.loads(sys.stdin.read()):
     flags.FLAGS.unparse_flags()   # app.run re-parses on a rerun; values of the previous run must not leak
     out, err = io.StringIO(), io.StringIO()
     code = 0
+    mp = pytest.MonkeyPatch()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            app.run(ssmgate.main.main, argv=["ssmgate.main", *argv])
+            if patch:
+                exec(patch, {"mp": mp})
+            app.run(ssmgate.main.main, argv=["ssmgate.main", *argv], flags_parser=ssmgate.main.parse_flags)
         except SystemExit as e:
             code = 0 if e.code is None else (e.code if isinstance(e.code, int) else 1)
         except BaseException:
             traceback.print_exc()
             code = 1
+        finally:
+            mp.undo()
     results.append([code, out.getvalue(), err.getvalue()])
 sys.stdout.write("\n=== results ===\n" + json.dumps(results))
 """
@@ -46,9 +56,12 @@ class Result(NamedTuple):
     stderr: str
 
 
-def run_many(arg_lists: Sequence[Sequence[str]], env: dict | None = None, cwd: Path = REPO) -> list[Result]:
+def run_many(arg_lists: Sequence[Sequence[str]], env: dict | None = None, cwd: Path = REPO,
+             patches: Sequence[str | None] | None = None) -> list[Result]:
     """One Result per argument list, in order."""
-    proc = subprocess.run([sys.executable, "-c", _CHILD], input=json.dumps([list(a) for a in arg_lists]),
+    patches = [None] * len(arg_lists) if patches is None else list(patches)
+    proc = subprocess.run([sys.executable, "-c", _CHILD], input=json.dumps([[list(a), p] for a, p in
+                                                                            zip(arg_lists, patches)]),
                           cwd=cwd, capture_output=True, text=True, env=env)
     if proc.returncode != 0 or "\n=== results ===\n" not in proc.stdout:
         raise RuntimeError(f"the child running ssmgate.main failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")

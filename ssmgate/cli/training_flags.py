@@ -17,6 +17,7 @@ exactly those, and a flag the chosen program does not read is an error.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 
 from absl import flags
@@ -132,6 +133,9 @@ def profile_steps() -> tuple[int, int] | None:
 
 
 def loop_cfg(steps: int, name: str = "train") -> loop.LoopCfg:
+    if FLAGS.wandb_project and importlib.util.find_spec("wandb") is None:  # checked before the run directory exists
+        raise ConfigError(f"--wandb_project={FLAGS.wandb_project} needs the wandb package (pip install wandb); "
+                          f"expected it installed, or no --wandb_project")
     try:
         return loop.LoopCfg(steps=steps, log_every=FLAGS.log_every, eval_every=FLAGS.eval_every,
                             ckpt_every=FLAGS.ckpt_every, keep_ckpts=FLAGS.keep_ckpts, tensorboard=FLAGS.tensorboard,

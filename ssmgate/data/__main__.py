@@ -31,14 +31,21 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # Imported here, not at the top: spawned workers re-import this module and need none of it.
     from ssmgate.data.prepare import prepare
+    from ssmgate.storage_error import StorageError, cause
 
     try:
         store = prepare(args.corpus, args.split, args.out, tokenizer=args.tokenizer, max_tokens=args.max_tokens,
                         workers=args.workers, data_dir=args.tfds_data_dir, text_key=args.text_key,
                         shard_bytes=max(1, int(args.shard_mb * (1 << 20))))
+    except StorageError as e:  # a full disk, no permission, a shard that does not read back: names the file
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # making --out on a read-only filesystem, ...
+        print(f"error: {e.filename or args.out}: {cause(e)}", file=sys.stderr)
+        return 1
     print(f"{store.directory}: {len(store):,} tokens ready")
     return 0
 

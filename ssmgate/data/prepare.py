@@ -6,9 +6,12 @@ done-marker. The token stream is the shards in order, so it does not depend on h
 ran: it is exactly `text_packing.token_stream` of the same documents, `max_tokens` cut included.
 
 Resuming: the plan (pieces and what is prepared) is written first and reused; a shard whose
-done-marker exists is never redone, so a killed prepare, restarted with the same arguments (any
-worker count), tokenizes only the unfinished shards. A directory prepared for another corpus,
-split, tokenizer or max_tokens, or whose corpus files changed since, is refused.
+done-marker exists and whose file matches the marker's size and CRC-32 is never redone, so a killed
+prepare, restarted with the same arguments (any worker count), tokenizes only the unfinished
+shards. A finished directory is checked the same way against its manifest (every shard read once):
+a truncated or changed shard is tokenized again and the manifest written anew. A directory
+prepared for another corpus, split, tokenizer or max_tokens, or whose corpus files changed since,
+is refused.
 
 With `max_tokens`, shards finish in order and the prepare stops as soon as the finished prefix holds
 max_tokens tokens, so a small budget of a huge corpus tokenizes little of it.
@@ -27,6 +30,7 @@ from typing import Callable
 from ssmgate.data import pieces, shards
 from ssmgate.data.shard_worker import tokenize_job, tokenize_piece
 from ssmgate.data.store import TokenStore
+from ssmgate.processes import alive
 from ssmgate.tasks.tokenizers import load_tokenizer
 
 SHARD_BYTES = 64 << 20   # text per shard at most (a shard of byte tokens: 128 MB of uint16 before zstd)
@@ -56,23 +60,44 @@ def _remove_stale_tmp(out: Path) -> None:
     host = socket.gethostname()
     for path in glob.glob(str(out / f"*.tmp-{glob.escape(host)}-*")):
         pid = path.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             Path(path).unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _done(out: Path, i: int) -> dict | None:
+def _done(out: Path, i: int, log) -> dict | None:
+    """Shard i's done-marker if the shard is intact (else None, the shard and marker removed so it is
+    tokenized again); a marker from before checksums gets the shard's checksum once it reads back."""
     marker = shards.read_json(out / shards.done_name(i))
-    return marker if marker is not None and (out / shards.shard_name(i)).is_file() else None
+    if marker is None:
+        return None
+    bad = shards.problem(out / shards.shard_name(i), marker)
+    if bad is not None:
+        _redo(out, i, bad, log)
+        return None
+    if "crc32" not in marker:
+        marker = {**marker, **shards.checksum(out / shards.shard_name(i))}
+        shards.write_json(out / shards.done_name(i), marker)
+    return marker
+
+
+def _redo(out: Path, i: int, why: str, log) -> None:
+    if log:
+        log(f"[prepare] {out / shards.shard_name(i)}: {why}; tokenizing it again")
+    (out / shards.done_name(i)).unlink(missing_ok=True)
+    (out / shards.shard_name(i)).unlink(missing_ok=True)
+
+
+def _intact(out: Path, manifest: dict, log) -> bool:
+    """Whether every shard of a finished directory matches its manifest entry; if not, the
+    manifest goes (the directory is unfinished again) and so do the shards that do not."""
+    bad = {i: why for i, entry in enumerate(manifest["shards"])
+           if (why := shards.problem(out / entry["name"], entry)) is not None}
+    if not bad and all("crc32" in entry for entry in manifest["shards"]):
+        return True
+    (out / shards.MANIFEST).unlink()
+    for i, why in bad.items():
+        _redo(out, i, why, log)
+    return False
 
 
 def _needed_prefix(done: dict[int, dict], max_tokens: int | None) -> int | None:
@@ -104,10 +129,13 @@ def prepare(corpus: str, split: str, out: str | os.PathLike, *, tokenizer: str =
     parts = pieces.listing(corpus, split, data_dir=data_dir, text_key=text_key)
     identity = _identity(corpus, split, tok, max_tokens, record_tokens, pieces.digest(parts))
 
+    if out.exists() and not out.is_dir():
+        raise PrepareMismatch(f"{out}: a file, not a folder; expected a new folder or one that a prepare started")
     plan = shards.read_json(out / shards.PLAN)
     if plan is not None:
         _check_same(out, plan, identity)
-        if (out / shards.MANIFEST).is_file():
+        manifest = shards.read_json(out / shards.MANIFEST)
+        if manifest is not None and _intact(out, manifest, log):
             return TokenStore(out)
     else:
         if out.exists() and any(out.iterdir()):
@@ -121,7 +149,7 @@ def prepare(corpus: str, split: str, out: str | os.PathLike, *, tokenizer: str =
     _remove_stale_tmp(out)
 
     n = len(plan["pieces"])
-    done = {i: m for i in range(n) if (m := _done(out, i)) is not None}
+    done = {i: m for i in range(n) if (m := _done(out, i, log)) is not None}
     pending = [i for i in range(n) if i not in done]
     progress = _progress(n, log)
     if done:
@@ -141,7 +169,7 @@ def prepare(corpus: str, split: str, out: str | os.PathLike, *, tokenizer: str =
     for i in range(needed):
         used = done[i]["tokens"] if max_tokens is None else min(done[i]["tokens"], max_tokens - total)
         entries.append({"name": shards.shard_name(i), "records": done[i]["records"], "tokens": used,
-                        "documents": done[i]["documents"]})
+                        "documents": done[i]["documents"], "bytes": done[i]["bytes"], "crc32": done[i]["crc32"]})
         total += used
     shards.write_json(out / shards.MANIFEST, {**identity, "n_tokens": total, "shards": entries, "complete": True})
     if log:

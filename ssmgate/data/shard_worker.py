@@ -39,7 +39,7 @@ def tokenize_piece(out: str, index: int, piece: list, tokenizer: str, max_tokens
         writer.abort()
         raise
     done = {"index": index, "tokens": writer.tokens, "records": writer.records, "documents": n_docs,
-            "stopped_at_max_tokens": cut}
+            "stopped_at_max_tokens": cut, **shards.checksum(writer.path)}
     shards.write_json(out_dir / shards.done_name(index), done)
     return done
 

@@ -2,7 +2,9 @@
 
 `TokenStore(dir)` opens a complete prepared directory (`shards.MANIFEST` present): one global record
 key space over every shard (`RecordSource`, a grain random-access source of records). Opening reads
-only the manifest; a read of tokens [a, b) decompresses just the records that overlap it.
+only the manifest (and compares each shard's size with it); a read of tokens [a, b) decompresses
+just the records that overlap it. A shard that does not read back (cut short, a chunk that fails
+ArrayRecord's own hash) raises `ShardReadError`, one line naming the file and the record.
 
 Memory does not grow with the corpus: at most `max_open` shard readers are open at once (the least
 recently used is closed), each without the 1 MB footer prefetch an ArrayRecord reader keeps by
@@ -20,6 +22,14 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
 from ssmgate.data import shards
+from ssmgate.storage_error import StorageError
+
+REPAIR = ("`python -m ssmgate.data prepare` with the arguments that made it checks every shard and tokenizes the "
+          "bad ones again")
+
+
+class ShardReadError(StorageError):
+    """A shard does not read back as it was prepared; the message names the file and the record."""
 
 
 # Random access: no readahead, no footer kept in memory (an index lookup per open is cheap).
@@ -30,11 +40,11 @@ class RecordSource:
     """grain RandomAccessDataSource of records (bytes) over several ArrayRecord files: key k is
     record k of the files in order. At most `max_open` readers are open; thread-safe."""
 
-    def __init__(self, paths: list[str], counts: list[int], max_open: int = 32):
+    def __init__(self, paths: list[str], counts: list[int], max_open: int = 32, record_tokens: int | None = None):
         if len(paths) != len(counts) or max_open < 1:
             raise ValueError(f"RecordSource: {len(paths)} paths, {len(counts)} counts, max_open={max_open}: expected "
                              "one count per path and max_open >= 1")
-        self.paths, self.max_open = list(paths), max_open
+        self.paths, self.max_open, self.record_tokens = list(paths), max_open, record_tokens
         self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._open: collections.OrderedDict[int, ArrayRecordReader] = collections.OrderedDict()
         self._lock = threading.Lock()
@@ -54,10 +64,31 @@ class RecordSource:
         with self._lock:
             for f in np.unique(files).tolist():
                 where = np.flatnonzero(files == f)
-                records = self._reader(f).read((keys[where] - self._first[f]).tolist())
+                local = (keys[where] - self._first[f]).tolist()
+                try:
+                    records = self._reader(f).read(local)
+                except Exception as e:  # ArrayRecord's RuntimeError: a truncated file, a chunk hash mismatch
+                    self._close(f)
+                    raise ShardReadError(f"{self.paths[f]}: cannot read {self._where(local)} "
+                                         f"({str(e).strip().splitlines()[0][:200]}); {REPAIR}") from None
                 for i, record in zip(where.tolist(), records):
                     out[i] = record
         return out
+
+    def _where(self, local: list[int]) -> str:
+        lo, hi = min(local), max(local)
+        what = f"record {lo}" if lo == hi else f"records {lo}..{hi}"
+        if self.record_tokens:
+            what += f" (tokens {lo * self.record_tokens:,}..{(hi + 1) * self.record_tokens - 1:,} of this shard)"
+        return what
+
+    def _close(self, f: int) -> None:
+        reader = self._open.pop(f, None)
+        if reader is not None:
+            try:
+                reader.close()
+            except Exception:
+                pass
 
     def _reader(self, f: int) -> ArrayRecordReader:
         reader = self._open.pop(f, None)
@@ -92,8 +123,14 @@ class TokenStore:
         self.n_tokens = int(tokens.sum())
         self._starts = np.concatenate([[0], np.cumsum(tokens)])  # shard s holds [starts[s], starts[s+1])
         self._first_key = np.concatenate([[0], np.cumsum([s["records"] for s in used])]).astype(np.int64)
+        for s in used:  # a cheap look before any read: a shard cut short or grown since its prepare
+            path = self.directory / s["name"]
+            size = path.stat().st_size if path.is_file() else None
+            if "bytes" in s and size != s["bytes"]:
+                raise ShardReadError(f"{path}: " + ("missing" if size is None else f"{size:,} bytes") +
+                                     f", {s['bytes']:,} when it was prepared; {REPAIR}")
         self._records = RecordSource([str(self.directory / s["name"]) for s in used], [s["records"] for s in used],
-                                     max_open)
+                                     max_open, self.record_tokens)
 
     def __len__(self) -> int:
         return self.n_tokens

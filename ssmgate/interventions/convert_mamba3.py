@@ -233,6 +233,29 @@ def _fail(what: str, expected: str):
     raise ValueError(f"convert_mamba3: config.json {what}; expected {expected}")
 
 
+_JSON_TYPES = {bool: "true or false", int: "an integer", float: "a number", dict: "an object", list: "an array",
+               str: "a string"}
+
+
+def _json_type(value) -> str:
+    return next((name for t, name in _JSON_TYPES.items() if isinstance(value, t)), "null")
+
+
+def _check_types(values: Mapping, defaults: Mapping, prefix: str = "") -> None:
+    """Every value of a known key has the JSON type of its default (an object may also be null):
+    a string d_model or a list ssm_cfg is named here, not met later as a TypeError."""
+    for key, default in defaults.items():
+        if key not in values:
+            continue
+        value, kind = values[key], type(default)
+        ok = {bool: lambda v: isinstance(v, bool),
+              int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+              float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+              dict: lambda v: v is None or isinstance(v, dict)}.get(kind, lambda v: isinstance(v, kind))(value)
+        if not ok:
+            _fail(f"{prefix}{key}={value!r} is {_json_type(value)}", f"{_JSON_TYPES[kind]} (mamba_ssm's MambaConfig)")
+
+
 def config_from_upstream(config: Mapping, *, a_activation: Optional[str] = None, **overrides) -> ModelCfg:
     """The ModelCfg of an upstream MambaLMHeadModel config (config.json's dict). Every field that
     config.json decides is set from it; `overrides` may restate those (a different value is an
@@ -244,8 +267,10 @@ def config_from_upstream(config: Mapping, *, a_activation: Optional[str] = None,
     if unknown:
         _fail(f"has keys {unknown} that mamba_ssm's MambaConfig does not take",
               f"only {sorted(LM_DEFAULTS)} (upstream's from_pretrained would refuse them too)")
+    _check_types(config, LM_DEFAULTS)
     lm = {**LM_DEFAULTS, **config}
     ssm = dict(lm["ssm_cfg"] or {})
+    _check_types(ssm, MAMBA3_DEFAULTS, prefix="ssm_cfg.")
     layer = ssm.pop("layer", "Mamba1")
     if layer != "Mamba3":
         _fail(f"ssm_cfg.layer={layer!r} (missing means 'Mamba1')", "'Mamba3'")

@@ -6,7 +6,8 @@ Spelling: `files:<glob>[#<key>]`.
   the corpus, in sorted path order, so the documents come in the same order on every machine.
 - A file whose name ends in `.jsonl` holds one document per line: a JSON object whose text is
   under `<key>` (default `text`, e.g. `files:/data/*.jsonl#content`); blank lines are skipped.
-  Any other file is one document, its whole UTF-8 text as it is (nothing stripped).
+  Any other file is one document, its whole UTF-8 text as it is (nothing stripped, `\r\n` kept).
+- A match that is a symbolic link to nothing is an error, not a file skipped.
 - Splits: `{split}` in the glob is replaced by the split's name (`files:/data/{split}/*.txt`
   reads /data/train/ for training and /data/validation/ for validation). A glob without
   `{split}` is a train split only; asking it for another split is an error rather than a silent
@@ -53,18 +54,26 @@ def is_jsonl(path: str | os.PathLike) -> bool:
 
 
 def list_files(where: str, split: str) -> list[str]:
-    """The files of `split` in sorted path order; raises FileNotFoundError when none matches."""
+    """The files of `split` in sorted path order; raises FileNotFoundError when none matches, or
+    when a match is a symbolic link to nothing (skipping it would drop its text unseen)."""
     pattern, _ = parse(where)
     resolved = split_glob(pattern, split)
-    paths = sorted(p for p in glob.glob(resolved, recursive=True) if os.path.isfile(p))
+    matched = sorted(glob.glob(resolved, recursive=True))
+    dangling = [p for p in matched if os.path.islink(p) and not os.path.exists(p)]
+    if dangling:
+        raise FileNotFoundError(f"corpus='files:{where}': {dangling[0]} is a symbolic link to {os.readlink(dangling[0])},"
+                                f" which does not exist ({len(dangling)} such match(es) of {resolved!r}); expected every "
+                                f"match to be a readable file or folder")
+    paths = [p for p in matched if os.path.isfile(p)]
     if not paths:
         raise FileNotFoundError(f"corpus='files:{where}': no file matches the glob {resolved!r} (split {split!r})")
     return paths
 
 
 def read_text_file(path: str | os.PathLike) -> str:
+    """The file's text exactly (bytes decoded, no newline translation: CRLF stays CRLF)."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return Path(path).read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 

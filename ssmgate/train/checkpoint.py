@@ -7,20 +7,26 @@ arrays, `StandardSave`) and `meta` (JSON: config fingerprint, flags, replica inf
 - Saves are synchronous by default: once `save()` returns the checkpoint is complete on disk. With
   `async_save=True`, `save()` returns once the state is copied to host memory and orbax writes it
   in the background (training goes on meanwhile); the next save, `save(..., wait=True)` and
-  `close()` wait for it. Either way a SIGKILL cannot leave a checkpoint half written: orbax writes
+  `close()` wait for it; a background save that failed is reported there with its own step. Either
+  way a SIGKILL cannot leave a checkpoint half written: orbax writes
   into `<step>.orbax-checkpoint-tmp*` and renames it when done; a tmp directory left by a kill is
   never listed, and is removed the next time a `Checkpointer` opens the directory.
 - `restore` takes an abstract target (ShapeDtypeStructs carrying the shardings of the *current*
   mesh), so a checkpoint written on one device count restores onto another.
-- Every array leaf's checksum (train/checksums.py) is stored in `meta` and verified on restore.
+- Every array leaf's checksum (train/checksums.py) is stored in `meta` and verified on restore, and
+  so is a digest of `meta` itself (its fingerprint, flags and those checksums).
 - A checkpoint that cannot be read, or whose arrays fail their checksums, is skipped with a
   warning and the previous one is used; the unreadable ones are renamed `<step>.unreadable` so the resumed run can write those steps again.
   A checkpoint that reads fine but does not fit the target or the config raises instead: falling
   back would silently resume from the wrong run.
 - Typed PRNG keys (`jax.random.key`) round-trip: orbax stores their uint32 key data and the impl.
+- A save that fails (a full disk, no permission) raises `CheckpointWriteError`: one line with the
+  step, the OS cause (`No space left on device (ENOSPC)`) and the checkpoints that are intact;
+  orbax's own tracebacks of it are kept off the terminal (train/orbax_noise.py).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 
@@ -29,6 +35,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from ssmgate.storage_error import StorageError, cause
+from ssmgate.train import orbax_noise
 from ssmgate.train.checksums import mismatches, state_checksums
 from ssmgate.train.run_dir import to_jsonable
 from ssmgate.tree_paths import path_str
@@ -36,6 +44,7 @@ from ssmgate.tree_paths import path_str
 log = logging.getLogger(__name__)
 
 STATE, META = "state", "meta"
+META_DIGEST = "meta_digest"
 UNREADABLE_SUFFIX = ".unreadable"
 
 
@@ -43,7 +52,7 @@ class CheckpointError(Exception):
     """No checkpoint can be restored, or a checkpoint does not fit this run."""
 
 
-class CheckpointWriteError(OSError):
+class CheckpointWriteError(StorageError):
     """A checkpoint could not be written (disk full, no permission, ...); earlier ones are intact."""
 
 
@@ -61,6 +70,13 @@ def _jsonable(obj, what: str):
         return json.loads(json.dumps(to_jsonable(obj)))
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{what} must be JSON-serializable: {e}") from e
+
+
+def _meta_digest(meta: dict) -> str:
+    """A digest of the JSON metadata itself: a flipped bit in the stored fingerprint must read as a
+    damaged checkpoint (fall back to the previous one), not as a run of another configuration."""
+    body = {k: v for k, v in meta.items() if k != META_DIGEST}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _flat(tree) -> dict:
@@ -113,16 +129,21 @@ class Checkpointer:
         self.directory = epath.Path(directory)
         if not self.directory.is_absolute():  # a relative local path; buckets are absolute
             self.directory = epath.Path(self.directory.resolve())
-        self.directory.mkdir(parents=True, exist_ok=True)
         self.keep, self.save_every, self.async_save = keep, save_every, async_save
+        self._writing: int | None = None  # the step of a background save not yet waited for
+        self._failed = False  # a save failed: orbax re-raises it at every later wait
+        orbax_noise.quiet()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             enable_async_checkpointing=async_save,
             cleanup_tmp_directories=True,  # drop tmp dirs of saves interrupted by a kill
             create=True,
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                              handler_registry=_registry())
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._manager = ocp.CheckpointManager(self.directory, options=options, handler_registry=_registry())
+        except OSError as e:
+            raise StorageError(f"cannot open the checkpoint folder {self.directory}: {cause(e)}") from e
 
     def should_save(self, step: int) -> bool:
         return self.save_every is not None and step > 0 and step % self.save_every == 0
@@ -141,14 +162,37 @@ class Checkpointer:
             log.debug("checkpoint step %d already in %s; not saving again", step, self.directory)
             return
         meta = dict(_jsonable(meta, f"meta for checkpoint step {step}"), checksums=state_checksums(state))
+        meta.pop(META_DIGEST, None)
+        meta[META_DIGEST] = _meta_digest(meta)
+        self.wait()  # a background save of an earlier step that failed is reported as that step
+        self._writing = step
         try:
             self._manager.save(step, force=True, args=ocp.args.Composite(
                 **{STATE: ocp.args.StandardSave(state), META: ocp.args.JsonSave(meta)}))
-            if wait or not self.async_save:
-                self._manager.wait_until_finished()
-        except Exception as e:  # orbax writes into a tmp directory first: the finished steps stay as they were
-            raise CheckpointWriteError(f"cannot write checkpoint step {step} to {self.directory} ({_short(e)}); "
-                                       f"the checkpoints already there ({self.steps()}) are intact") from e
+        except Exception as e:
+            self._fail(e)
+        if wait or not self.async_save:
+            self.wait()
+
+    def wait(self) -> None:
+        """Waits for a background save; raises CheckpointWriteError naming its step if it failed."""
+        if self._writing is None:
+            return
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:
+            self._fail(e)
+        self._writing = None
+
+    def _fail(self, e: Exception):
+        # orbax writes into a tmp directory first: the finished steps stay as they were
+        step, self._writing, self._failed = self._writing, None, True
+        raise CheckpointWriteError(f"cannot write checkpoint step {step} to {self.directory}: {cause(e)}; the "
+                                   f"checkpoints already there ({self._finished_steps()}) are intact") from e
+
+    def _finished_steps(self) -> list[int]:
+        """The finished step folders on disk (orbax's own list may still hold a failed step)."""
+        return sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
 
     def steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
@@ -181,6 +225,7 @@ class Checkpointer:
                 state = self._manager.restore(s, args=ocp.args.Composite(
                     **{STATE: ocp.args.StandardRestore(abstract)}))[STATE]
                 meta = dict(meta)
+                meta.pop(META_DIGEST, None)
                 bad = mismatches(meta.pop("checksums", {}), state)  # checkpoints before 2026-12-03 have none
                 if bad:
                     raise ValueError(f"checksum mismatch in {len(bad)} leaves ({', '.join(bad[:3])}): the data "
@@ -214,7 +259,15 @@ class Checkpointer:
         return step, out[STATE], out[META]
 
     def close(self) -> None:
-        self._manager.close()  # waits for a background save
+        """Waits for a background save (CheckpointWriteError if it failed) and closes the manager."""
+        try:
+            self.wait()
+        finally:
+            try:
+                self._manager.close()
+            except Exception:
+                if not self._failed:  # after a failed save orbax raises that failure again: reported already
+                    raise
 
     def __enter__(self):
         return self
@@ -229,6 +282,8 @@ class Checkpointer:
             **{META: ocp.args.JsonRestore()}))[META]
         if not isinstance(meta, dict):
             raise ValueError(f"meta is {type(meta).__name__}, expected a JSON object")
+        if META_DIGEST in meta and meta[META_DIGEST] != _meta_digest(meta):  # older checkpoints have none
+            raise ValueError("the metadata (meta/) fails its digest: the file changed after it was written")
         saved = meta.get("fingerprint")
         if expect_fingerprint is None or saved == expect_fingerprint:
             return meta

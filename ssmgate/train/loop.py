@@ -90,11 +90,18 @@ def _mean_records(records: list[dict]) -> dict:
 
 
 def _short(metrics: dict, keys=("loss", "accuracy", "seq_accuracy", "grad_norm")) -> str:
+    """The progress line's metrics; a sweep's as the range over its replicas whose value is finite
+    (a diverged replica would make every range nan..nan) and how many are not."""
     parts = []
     for k in keys:
         if k in metrics:
-            v = np.asarray(metrics[k])
-            parts.append(f"{k} {float(v):.4g}" if v.ndim == 0 else f"{k} {float(v.min()):.3g}..{float(v.max()):.3g}")
+            v = np.asarray(metrics[k], np.float64)
+            if v.ndim == 0:
+                parts.append(f"{k} {float(v):.4g}")
+                continue
+            finite = v[np.isfinite(v)]
+            text = f"{k} {finite.min():.3g}..{finite.max():.3g}" if finite.size else f"{k} nan"
+            parts.append(text + (f" ({v.size - finite.size} of {v.size} not finite)" if finite.size < v.size else ""))
     return ", ".join(parts)
 
 
@@ -141,17 +148,20 @@ class _Profile:
             say(f"[profile] trace of steps {self.steps[0]}..{self.steps[1]} in {self.dir}")
 
 
-def run(run_dir: RunDir, cfg: LoopCfg, *, init_state: Callable[[], Any], abstract_state, step_fn, batch_fn,
-        eval_fn=None, after_eval=None, done_fn=None, meta: dict, fingerprint: str,
-        throughput: Optional[Throughput] = None) -> LoopResult:
-    """`throughput` (tokens and model FLOPs of one step) adds tokens/s and MFU to the progress lines."""
-    cfg.validate()
-    t0 = time.perf_counter()
-    ckpt = Checkpointer(run_dir.file("checkpoints"), keep=cfg.keep_ckpts, save_every=cfg.ckpt_every or None,
-                        async_save=cfg.ckpt_async)
-    meta = dict(meta, fingerprint=fingerprint)
+def _close_quietly(*closers) -> None:
+    """Runs every closer; their own errors (a full disk fails them too) would hide the first one."""
+    for close in closers:
+        try:
+            close()
+        except Exception:
+            pass
+
+
+def _start(run_dir: RunDir, cfg: LoopCfg, ckpt: Checkpointer, init_state, abstract_state, fingerprint: str,
+           main: bool):
+    """(start step, state, resumed_from): the latest readable checkpoint, else a fresh state; the
+    metrics lines after the start are dropped and the staged flags become the run's record."""
     resumed_from = None
-    main = jax.process_index() == 0
     if ckpt.latest_step() is not None:
         start, state, _ = ckpt.restore(abstract_state, expect_fingerprint=fingerprint)
         resumed_from = start
@@ -165,11 +175,28 @@ def run(run_dir: RunDir, cfg: LoopCfg, *, init_state: Callable[[], Any], abstrac
             say(f"[{cfg.name}] no checkpoint: starting at step 0 (dropped {dropped} metrics lines of an earlier attempt)")
     if main:
         run_dir.promote("flags.txt")  # the configuration is accepted: its flags become the run's record
+    return start, state, resumed_from
+
+
+def run(run_dir: RunDir, cfg: LoopCfg, *, init_state: Callable[[], Any], abstract_state, step_fn, batch_fn,
+        eval_fn=None, after_eval=None, done_fn=None, meta: dict, fingerprint: str,
+        throughput: Optional[Throughput] = None) -> LoopResult:
+    """`throughput` (tokens and model FLOPs of one step) adds tokens/s and MFU to the progress lines."""
+    cfg.validate()
+    t0 = time.perf_counter()
+    ckpt = Checkpointer(run_dir.file("checkpoints"), keep=cfg.keep_ckpts, save_every=cfg.ckpt_every or None,
+                        async_save=cfg.ckpt_async)
+    meta = dict(meta, fingerprint=fingerprint)
+    main = jax.process_index() == 0
+    try:
+        start, state, resumed_from = _start(run_dir, cfg, ckpt, init_state, abstract_state, fingerprint, main)
+    except BaseException:
+        _close_quietly(ckpt.close)
+        raise
     peak = peak_flops()[0] if throughput is not None and throughput.model_flops_per_step else None
     logged_eval_at_start = any(r.get("kind") == "eval" and r.get("step") == start for r in run_dir.read_metrics()) \
         if main and start == cfg.steps else False
-    writers = MetricWriters(run_dir, tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project,
-                            config=meta.get("config"))
+    writers = None  # made inside the try below: a failure there must still close the checkpointer
     profile = _Profile(run_dir, cfg.profile_steps)
     window: list[dict] = []
     last_eval: dict = {}
@@ -209,6 +236,8 @@ def run(run_dir: RunDir, cfg: LoopCfg, *, init_state: Callable[[], Any], abstrac
 
     with StopRequests() as stop:
         try:
+            writers = MetricWriters(run_dir, tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project,
+                                    config=meta.get("config"))
             while k < cfg.steps:
                 profile.before_step(k)
                 state, metrics = step_fn(state, batch_fn(k))
@@ -247,8 +276,10 @@ def run(run_dir: RunDir, cfg: LoopCfg, *, init_state: Callable[[], Any], abstrac
                 state = evaluate(state, k, write=not logged_eval_at_start)
             if ckpt.latest_step() != k:
                 ckpt.save(k, state, meta=meta, force=True)
-        finally:
-            profile.stop()
-            writers.close()
-            ckpt.close()
+        except BaseException:
+            _close_quietly(profile.stop, *([writers.close] if writers else []), ckpt.close)  # the first error tells
+            raise
+        profile.stop()
+        writers.close()
+        ckpt.close()
     return LoopResult(state, k, resumed_from, to_jsonable(last_eval), time.perf_counter() - t0)

@@ -1,7 +1,9 @@
 """A run directory and the side effects of a run: resolved flags, metrics JSONL, CSVs, summary, progress.
 
 Files are written atomically (temporary file, then rename) and metrics are appended and flushed
-line by line, so whatever was written survives a crash or a kill.
+line by line, so whatever was written survives a crash or a kill. A write that fails (a full disk,
+a read-only filesystem) raises `StorageError` naming the file and leaves it as it was: a file
+written whole or not at all, metrics.jsonl cut back to its last complete line.
 
 The directory is an `etils.epath` path, so a run can write to a bucket (`gs://...`, with the
 `gcsfs` package) as to a local folder. Object stores cannot append: there metrics.jsonl is
@@ -10,6 +12,7 @@ rewritten whole at each record (metrics files are small: one line per progress l
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -20,11 +23,24 @@ from typing import Iterable, Sequence
 import jax
 from etils import epath
 
+from ssmgate.storage_error import StorageError, cause
 
-def _atomic_write(path: epath.Path, text: str) -> None:
+
+def _atomic_write(path: epath.Path, data: str | bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    try:
+        tmp.write_bytes(data) if isinstance(data, bytes) else tmp.write_text(data)
+        tmp.replace(path)
+    except OSError as e:
+        _remove_quietly(tmp)
+        raise StorageError(f"cannot write {path} ({cause(e)}); it is as it was (written whole or not at all)") from e
+
+
+def _remove_quietly(path: epath.Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass  # what could not be written cannot always be removed either (a read-only filesystem)
 
 
 STAGED = ".staged"
@@ -63,7 +79,8 @@ class RunDir:
     def file(self, name: str) -> epath.Path:
         return self.path / name
 
-    def write_text(self, name: str, text: str) -> epath.Path:
+    def write_text(self, name: str, text: str | bytes) -> epath.Path:
+        """Writes a file of the run whole (bytes as they are), or leaves it as it was."""
         _atomic_write(self.file(name), text)
         return self.file(name)
 
@@ -80,18 +97,27 @@ class RunDir:
         staged.replace(self.file(name))
         return True
 
+    def remove_if_unused(self, leftovers=(".lock", ".lock.excl")) -> None:
+        """Removes the directory if it holds nothing but `leftovers` (a run refused before it wrote anything)."""
+        if self.local and all(p.name in leftovers for p in self.path.iterdir()):
+            for p in self.path.iterdir():
+                _remove_quietly(p)
+            self.path.rmdir()
+
+    def discard_staged(self, name: str) -> None:
+        """Drops a staged `<name>.staged` that will not be promoted (the run did not accept it)."""
+        _remove_quietly(self.file(name + STAGED))
+
     def write_json(self, name: str, obj) -> epath.Path:
         return self.write_text(name, json.dumps(to_jsonable(obj), indent=2, sort_keys=True) + "\n")
 
     def write_csv(self, name: str, header: Sequence[str], rows: Iterable[Sequence]) -> epath.Path:
-        tmp = self.file(name + ".tmp")
-        with tmp.open("w") as f:  # csv writes its own \r\n; POSIX text mode keeps it as is
-            writer = csv.writer(f)
-            writer.writerow(header)
-            for row in rows:
-                writer.writerow(["" if v is None else v for v in to_jsonable(list(row))])
-        tmp.replace(self.file(name))
-        return self.file(name)
+        buffer = io.StringIO(newline="")  # csv writes its own \r\n
+        writer = csv.writer(buffer)
+        writer.writerow(header)
+        for row in rows:
+            writer.writerow(["" if v is None else v for v in to_jsonable(list(row))])
+        return self.write_text(name, buffer.getvalue())
 
     def log_metrics(self, record: dict) -> None:
         """Appends one JSON line to metrics.jsonl and flushes it to disk."""
@@ -103,10 +129,22 @@ class RunDir:
             self._metrics_text += line
             _atomic_write(self.file("metrics.jsonl"), self._metrics_text)
             return
-        with open(self.file("metrics.jsonl"), "a") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        path = self.file("metrics.jsonl")
+        size = None
+        try:
+            with open(path, "a") as f:
+                size = f.tell()
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            if size is not None:  # no half line for the next append to run into
+                try:
+                    os.truncate(path, size)
+                except OSError:
+                    pass  # read_metrics skips a cut line
+            raise StorageError(f"cannot append to {path} ({cause(e)}); its lines before step {record.get('step')} "
+                               f"are intact") from e
 
     def read_metrics(self) -> list[dict]:
         path = self.file("metrics.jsonl")

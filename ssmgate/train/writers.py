@@ -4,24 +4,70 @@ installed: `pip install -e '.[tensorboard]'`), Weights & Biases (when a project 
 
 A metric value is a scalar or a per-replica vector (a sweep); TensorBoard gets one tag per
 replica (`loss/r3`), the JSON line keeps the vector.
+
+The TensorBoard events are written in the loop's own thread, each record flushed at once
+(`_EventFile`, tensorboardX's record format): a write that fails (a full disk) raises
+`StorageError` naming the file where it happened, instead of failing in tensorboardX's background
+thread and again in its exit handler.
 """
 from __future__ import annotations
 
 import hashlib
+import io
+import socket
+import time
 from collections import defaultdict
 
 import jax
 import numpy as np
 
+from ssmgate.storage_error import StorageError, cause
 from ssmgate.train.run_dir import RunDir
+
+
+class _EventFile:
+    """One TensorBoard event file (`events.out.tfevents.<time>.<host>`, as tensorboardX names
+    them), written synchronously."""
+
+    def __init__(self, logdir):
+        from tensorboardX.proto import event_pb2, summary_pb2
+        from tensorboardX.record_writer import RecordWriter, directory_check
+        self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
+        self.path = f"{logdir}/events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
+        self._writer = None
+        self._io(lambda: directory_check(str(logdir)))
+        self._writer = self._io(lambda: RecordWriter(self.path))
+        self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def _io(self, call):
+        try:
+            return call()
+        except OSError as e:
+            self._writer = None  # nothing more is written to a file that failed
+            raise StorageError(f"cannot write TensorBoard events to {self.path}: {cause(e)}; metrics.jsonl holds "
+                               f"every metric") from e
+
+    def _write(self, event) -> None:
+        if self._writer is not None:
+            self._io(lambda: (self._writer.write(event.SerializeToString()), self._writer.flush()))
+
+    def add_scalars(self, scalars: dict, step: int) -> None:
+        summary = self._summary_pb2.Summary(value=[self._summary_pb2.Summary.Value(tag=tag, simple_value=value)
+                                                   for tag, value in scalars.items()])
+        self._write(self._event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
+
+    def close(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            self._io(writer.close)
 
 
 def _tensorboard_writer(logdir):
     try:
-        from tensorboardX import SummaryWriter
+        import tensorboardX  # noqa: F401
     except ImportError:
         return None
-    return SummaryWriter(str(logdir))
+    return _EventFile(logdir)
 
 
 def _wandb_run(project: str, run_dir: RunDir, config):
@@ -64,10 +110,8 @@ class MetricWriters:
             return
         self.run_dir.log_metrics({"step": int(step), "kind": kind, **metrics})
         scalars = dict(_scalars(metrics, kind)) if self.tb is not None or self.wandb is not None else {}
-        if self.tb is not None:
-            for tag, value in scalars.items():
-                self.tb.add_scalar(tag, value, step)
-            self.tb.flush()
+        if self.tb is not None and scalars:
+            self.tb.add_scalars(scalars, step)
         if self.wandb is not None and scalars:
             self.wandb.log(scalars, step=int(step))
 
@@ -135,7 +179,8 @@ def plot_curves(run_dir: RunDir, names=("loss", "accuracy", "seq_accuracy"), lab
     if labels is not None and len(labels) <= 16:
         axes[-1][0].legend(fontsize=7)
     fig.tight_layout()
-    with run_dir.file("curves.png").open("wb") as f:  # a file object: works for bucket paths too
-        fig.savefig(f, format="png", dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=110)
     plt.close(fig)
+    run_dir.write_text("curves.png", image.getvalue())
     return ["curves.png"]

@@ -85,3 +85,19 @@ def test_a_failed_write_names_the_step_and_leaves_earlier_checkpoints_intact(tmp
     with Checkpointer(path) as ckpt:
         step, state, _ = ckpt.restore(jax.eval_shape(lambda: state_at(0)))
     assert step == 1 and leaves_equal(state, state_at(1))
+
+
+def test_a_flipped_bit_in_the_stored_fingerprint_reads_as_damage_not_as_another_configuration(tmp_path, saved):
+    """The fingerprint is what a resume compares with this run's configuration: one flipped bit in it
+    used to refuse the resume as a configuration change. The metadata's own digest tells them apart."""
+    path = tmp_path / "checkpoints"
+    shutil.copytree(saved, path)
+    meta_file = path / "2" / "meta" / "metadata"
+    data = bytearray(meta_file.read_bytes())
+    pos = data.index(b'"fingerprint": "f"') + len(b'"fingerprint": "')
+    data[pos] ^= 1 << 2  # "f" -> "b": still valid JSON, another fingerprint
+    meta_file.write_bytes(bytes(data))
+    with Checkpointer(path) as ckpt:
+        step, state, meta = ckpt.restore(jax.eval_shape(lambda: state_at(0)), expect_fingerprint="f")
+    assert step == 1 and leaves_equal(state, state_at(1)) and meta["fingerprint"] == "f"
+    assert (path / "2.unreadable").is_dir()

@@ -10,6 +10,7 @@ from absl import flags
 from ssmgate.cli import dataclass_flags
 from ssmgate.cli import training_flags as tf
 from ssmgate.config_error import ConfigError
+from ssmgate.data import pieces
 from ssmgate.interventions import convert_mamba3 as cv
 from ssmgate.models.config import ModelCfg
 from ssmgate.programs.p2_lm import program as p2_lm
@@ -101,7 +102,22 @@ def config_from_flags() -> p2_lm.P2LMCfg:
                         loop=None if official else tf.loop_cfg(steps, name="p2_lm"), mesh=tf.mesh_cfg(),
                         seed=FLAGS.seed, variant=FLAGS.variant, preset=tf.preset(), init_official=official,
                         official_gate=gate)
-    return cfg.validate()
+    cfg = cfg.validate()
+    if not official and not _dry_run():  # a dry run describes flag files whose corpus is not here
+        _check_train_split(cfg.text)
+    return cfg
+
+
+def _check_train_split(text: p2_lm.TextCfg) -> None:
+    """The training split is there and holds text: listed (names and sizes, nothing read) before
+    the run directory is made, rather than found missing or empty by the prepare inside the run."""
+    try:
+        parts = pieces.listing(text.corpus, "train", data_dir=text.tfds_data_dir, text_key=text.text_key)
+    except (FileNotFoundError, ValueError, ImportError) as e:
+        raise ConfigError(f"--corpus={text.corpus}: {e}") from None
+    if not any(size for _, size in parts):
+        raise ConfigError(f"--corpus={text.corpus}: the train split is empty ({len(parts)} parts, 0 bytes of text); "
+                          "expected a corpus with text to train on")
 
 
 def _dry_run() -> bool:

@@ -17,7 +17,10 @@ SLURM:
                               cluster derives it from the job id), forwards SIGTERM/SIGINT to them
                               like srun, writes each task's pid to JOB_DIR/tasks/<procid>.pid and
                               exits with the largest task exit status.
-  scontrol requeue JOBID      marks the running job for requeueing.
+  scontrol requeue JOBID      marks the running job for requeueing; with SIM_REQUEUE_REFUSED=1 it
+                              refuses, as where the site's preemption has requeued the job already.
+  scontrol show job JOBID     one line with JobState=$SIM_JOB_STATE (default RUNNING).
+  SIM_SRUN_EXIT=N             srun starts nothing and exits with N (the launcher's own logic, fast).
 Cloud TPU VM (`gcloud compute tpus tpu-vm ...`):
   create NAME --zone=Z ...    SIM_TPU_WORKERS (default 2) worker homes ROOT/tpu/NAME/worker-<i>.
   scp [--recurse] SRC DST --zone=Z --worker=W   NAME:PATH on one side; `~`, and relative paths,
@@ -112,6 +115,8 @@ def sbatch(args: list[str]) -> int:
                SLURM_JOB_NUM_NODES=str(nodes), SLURM_NNODES=str(nodes), SLURM_JOB_NODELIST="localhost",
                SLURM_NODELIST="localhost", SLURM_NTASKS_PER_NODE=str(per_node), SLURM_NTASKS=str(nodes * per_node),
                SLURM_SUBMIT_DIR=os.getcwd(), SSMGATE_SIM_JOB_DIR=str(job_dir))
+    if "cpus-per-task" in opts:
+        env["SLURM_CPUS_PER_TASK"] = str(opts["cpus-per-task"])
     history = []
     for restart in range(int(os.environ.get("SIM_MAX_REQUEUES", "3")) + 1):
         if restart:
@@ -138,6 +143,8 @@ def srun(args: list[str]) -> int:
         args = args[1:]  # srun's own options (--gpu-bind=none, ...) mean nothing on localhost
     if not args:
         die("srun", "expected a command to run")
+    if os.environ.get("SIM_SRUN_EXIT"):
+        return int(os.environ["SIM_SRUN_EXIT"])
     nodes, per_node = int(os.environ["SLURM_JOB_NUM_NODES"]), int(os.environ["SLURM_NTASKS_PER_NODE"])
     tasks_dir = Path(job_dir) / "tasks"
     tasks_dir.mkdir(exist_ok=True)
@@ -165,11 +172,17 @@ def srun(args: list[str]) -> int:
 
 
 def scontrol(args: list[str]) -> int:
+    if args[:2] == ["show", "job"] and len(args) == 3:
+        print(f"JobId={args[2]} JobName=sim JobState={os.environ.get('SIM_JOB_STATE', 'RUNNING')} Reason=None "
+              f"Requeue=1 Restarts={os.environ.get('SLURM_RESTART_COUNT', 0)}")
+        return 0
     if len(args) != 2 or args[0] != "requeue":
-        die("scontrol", f"only `scontrol requeue JOBID` is simulated; got {' '.join(args)!r}")
+        die("scontrol", f"only `scontrol requeue JOBID` and `scontrol show job JOBID` are simulated; got {' '.join(args)!r}")
     job_dir = sim_root("scontrol") / "jobs" / args[1]
     if not job_dir.is_dir():
         die("scontrol", f"requeue {args[1]}: no such job (expected one submitted with the simulated sbatch)")
+    if os.environ.get("SIM_REQUEUE_REFUSED"):
+        die("scontrol", f"error: Requested operation is presently disabled for job {args[1]}")
     (job_dir / "requeue").touch()
     return 0
 
