@@ -241,13 +241,18 @@ def _json_type(value) -> str:
     return next((name for t, name in _JSON_TYPES.items() if isinstance(value, t)), "null")
 
 
+# Keys whose default is an integer but which upstream takes as any number: Mamba3 computes
+# d_inner = int(expand * d_model), so expand=1.5 is legal JSON there and is judged by its value below.
+_NUMBER_KEYS = {"expand"}
+
+
 def _check_types(values: Mapping, defaults: Mapping, prefix: str = "") -> None:
     """Every value of a known key has the JSON type of its default (an object may also be null):
     a string d_model or a list ssm_cfg is named here, not met later as a TypeError."""
     for key, default in defaults.items():
         if key not in values:
             continue
-        value, kind = values[key], type(default)
+        value, kind = values[key], float if key in _NUMBER_KEYS else type(default)
         ok = {bool: lambda v: isinstance(v, bool),
               int: lambda v: isinstance(v, int) and not isinstance(v, bool),
               float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
