@@ -47,6 +47,20 @@ def _strongest(d: Optional[dict]):
     return None if not d else d[max(d, key=float)]
 
 
+def _fig5_horn(e: dict) -> Optional[str]:
+    """At the largest beta and pool: the best gate, the weakest gate and the Transformer."""
+    f = _at(e, "fig5_horn") or {}
+    if not f.get("accuracy"):
+        return None
+    beta = max(f["accuracy"], key=float)
+    final = {o: _largest(v) for o, v in f["accuracy"][beta].items()}
+    best, weakest = max(final, key=final.get), min(final, key=float)
+    text = (f"beta {beta}, largest k: best gate {best} {cell(final[best])}, "
+            f"weakest {weakest} {cell(final[weakest])}")
+    tf = _largest((f.get("transformer") or {}).get(beta))
+    return text + (f", Transformer {cell(tf)}" if tf is not None else "")
+
+
 def _by_offset(d: Optional[dict]) -> list:
     return sorted((d or {}).items(), key=lambda kv: float(kv[0]))
 
@@ -129,7 +143,7 @@ CLAIMS = (
               f"s = {s} {cell(r[min(r, key=int)])} -> {cell(_largest(r))}"
               for s, r in ((s, e["weak"]["10"][s]) for s in ("0.06", "1")))),
     Claim("P1 Fig 5, Horn", "with a weak retriever (no oracle), moderate gates make the best use of larger pools; weak "
-          "gates and the Transformer decline", "qualitative (App. C)", "p1_horn", (r"^fig5_horn_",)),
+          "gates and the Transformer decline", "qualitative (App. C)", "p1_horn", (r"^fig5_horn_",), _fig5_horn),
     Claim("P2 theory", "Table 8's eigen-types and damping ratios of six linear-attention families hold on random "
           "draws; App C's modal persistence and steady-state gain", "App A (Table 8), App C; gain 100 / 0.7107",
           "p2_theory", (r"^table8_", r"^appC[123]_"),
@@ -144,7 +158,8 @@ CLAIMS = (
           "p2_state_tracking", (r"^arith_",), _st("arith")),
     Claim("P2 Fig 5", "a solved model turns one pair by 180 (parity) / 120 (mod 3) degrees per 1", "179.51 / 119.78 degrees",
           "p2_state_tracking", (r"_phase_code_",),
-          lambda e: ", ".join(f"{k.split('_')[0]} {cell(v[1])}" for k, v in (_at(e, "phase_code") or {}).items())),
+          lambda e: ", ".join(f"{k.split('_')[0]} {cell(v[1])}"   # parity first, as the paper's column
+                              for k, v in sorted((_at(e, "phase_code") or {}).items(), key=lambda kv: kv[0] != "parity_deg"))),
     Claim("P2 Figs 3/7", "rotation lowers held-out and windowed PPL", "rotation lower at every C", "p2_lm",
           (r"^rotation_heldout_", r"^rotation_window_"), _lm_ppl),
     Claim("P2 Fig 6", "rotation lowers PPL in every position bucket", "rotation lower in every bucket", "p2_lm",
@@ -152,7 +167,8 @@ CLAIMS = (
     Claim("P2 Figs 8-9", "along training, rotation ends with the lower windowed PG-19 PPL, clearer for 444M at long "
           "windows", "PG-19 PPL at 2K-64K vs step, 187M and 444M", "p2_lm", (r"^fig8_9_",), _lm_curve_end),
     Claim("P2 Tables 3-4", "downstream scores (LAMBADA, FineWeb-Edu, LongBench) favour rotation", "Tables 3-4", None,
-          unchecked="needs the paper-scale models and the benchmarks' data"),
+          unchecked="needs the paper-scale 187M/444M models and the data of LongBench-E, LAMBADA and six "
+          "zero-shot tasks, which cannot be had here; no evaluator for them yet (docs/reproduction.md, P2 LM)"),
     Claim("P2 Table 5", "every phase intervention raises PPL, more at longer windows", "x1.22-x74 (SISO grows with C)",
           "p2_lm", (r"^every_phase_intervention_ratio_gt_", r"^every_intervention_ratio_grows_"), _ratio_range),
     Claim("P2 Table 6", "phase removal raises the history/update cosine and the state norm", "cosine 0.29 -> 0.43",

@@ -118,3 +118,18 @@ def test_a_report_from_earlier_numbers_opens_with_the_claim_table_and_rechecks_t
             assert f"| {check} |" in text, check
     assert "| check | claim | threshold from | pass |" in text
     assert "| check | pass |" not in text and "| check | holds |" not in text
+
+
+def test_fig5_horn_row_names_the_best_and_weakest_gate_and_the_transformer_at_the_largest_beta():
+    acc = {"0": {"-3": {"8": 0.5, "64": 0.1}, "2": {"8": 0.0, "64": 0.0}},
+           "1": {"-7.3": {"8": 0.9, "64": 0.0}, "-3": {"8": 0.8, "64": 0.25}, "2": {"8": 0.0, "64": 0.0}}}
+    entry = {"fig5_horn": {"accuracy": acc, "transformer": {"1": {"8": 0.3, "64": 0.04}}}}
+    assert claims._fig5_horn(entry) == "beta 1, largest k: best gate -3 0.25, weakest -7.3 0, Transformer 0.04"
+    assert claims._fig5_horn({"fig5_horn": {"accuracy": acc}}).endswith("weakest -7.3 0")
+    assert claims._fig5_horn({}) is None
+
+
+def test_p2_fig5_row_lists_parity_first_whatever_the_stored_order():
+    entry = {"phase_code": {"mod3_deg": [0.0, 120.3], "parity_deg": [-0.4, 179.7]}}
+    row = next(c for c in claims.CLAIMS if c.key == "P2 Fig 5")
+    assert row.ours(entry) == "parity 179.7, mod3 120.3"
