@@ -79,6 +79,15 @@ def _lm_ppl(e):
     return _fmt_pair(_at(e, "ppl", "rotation"), _at(e, "ppl", "no_rotation"))
 
 
+def _bucket_ratio(e) -> Optional[str]:
+    """Rotation's PPL over no rotation's in each position bucket (seed 0): its range."""
+    rot, base = _at(e, "bucket_ppl", "rotation") or {}, _at(e, "bucket_ppl", "no_rotation") or {}
+    ratios = [rot[b] / base[b] for b in rot if b != "rows" and b in base]
+    if not ratios:
+        return None
+    return f"rotation / no rotation {min(ratios):.3f}–{max(ratios):.3f}× over {len(ratios)} buckets"
+
+
 def _st(task):
     return lambda e: (f"underdamped {cell(_at(e, 'scaled_accuracy', 'underdamped', task))}; best other "
                       f"{cell(max([v[task] for m, v in (_at(e, 'scaled_accuracy') or {}).items() if m != 'underdamped' and task in v], default=None))}")
@@ -163,7 +172,7 @@ CLAIMS = (
     Claim("P2 Figs 3/7", "rotation lowers held-out and windowed PPL", "rotation lower at every C", "p2_lm",
           (r"^rotation_heldout_", r"^rotation_window_"), _lm_ppl),
     Claim("P2 Fig 6", "rotation lowers PPL in every position bucket", "rotation lower in every bucket", "p2_lm",
-          (r"^rotation_bucket_",)),
+          (r"^rotation_bucket_",), _bucket_ratio),
     Claim("P2 Figs 8-9", "along training, rotation ends with the lower windowed PG-19 PPL, clearer for 444M at long "
           "windows", "PG-19 PPL at 2K-64K vs step, 187M and 444M", "p2_lm", (r"^fig8_9_",), _lm_curve_end),
     Claim("P2 Tables 3-4", "downstream scores (LAMBADA, FineWeb-Edu, LongBench) favour rotation", "Tables 3-4", None,

@@ -133,3 +133,10 @@ def test_p2_fig5_row_lists_parity_first_whatever_the_stored_order():
     entry = {"phase_code": {"mod3_deg": [0.0, 120.3], "parity_deg": [-0.4, 179.7]}}
     row = next(c for c in claims.CLAIMS if c.key == "P2 Fig 5")
     assert row.ours(entry) == "parity 179.7, mod3 120.3"
+
+
+def test_p2_fig6_row_gives_the_range_of_rotation_over_no_rotation_across_buckets():
+    entry = {"bucket_ppl": {"rotation": {"0-128": 3.0, "128-256": 4.4, "rows": 7},
+                            "no_rotation": {"0-128": 3.0, "128-256": 4.0, "rows": 7}}}
+    assert claims._bucket_ratio(entry) == "rotation / no rotation 1.000–1.100× over 2 buckets"
+    assert claims._bucket_ratio({}) is None
