@@ -139,6 +139,8 @@ def _bwd_kernel(*refs, q, nc, bp, has_xdiag, acc, mm_dtype):
     dxs_ref, dl_ref, dB_ref, dC_ref, dh0_ref = rest[:5]
     dxdiag_ref = rest[5] if has_xdiag else None
 
+    ones = jnp.ones((q, 1), acc)
+
     def chunk(k, dS):                      # dS: dLoss / d(state at the chunk's end), (bp, n)
         c = nc - 1 - k
         rows = pl.ds(pl.multiple_of(c * q, q), q)
@@ -165,16 +167,18 @@ def _bwd_kernel(*refs, q, nc, bp, has_xdiag, acc, mm_dtype):
         dC_ref[rows, :] = dC
         dB_ref[rows, :] = dB
         # dL/dl_k: the decay matrix (pairs t >= k > s), the inter-chunk read (t >= k), the chunk's
-        # whole decay (every k) and the decays to the end (s < k).
+        # whole decay (every k) and the decays to the end (s < k). Every per-token sum stays a (Q, 1)
+        # column and crosses tokens by a masked matmul: turning a 1-D vector between rows and columns
+        # lowers to a sublane gather, which Mosaic cannot emit for TPU v4.
         P = dM * M
         before_k = _dot(P, (t_idx < s_idx).astype(acc), (1, 0), acc)   # [t, k] = sum_{s<k} P[t, s]
-        from_L = jnp.sum(jnp.where(t_idx >= s_idx, before_k, 0.0), axis=0)          # indexed by k
-        read = jnp.sum(dy * ecum * CS, axis=1)                                       # indexed by t
-        from_read = jnp.sum(jnp.where(s_idx >= t_idx, read[None, :], 0.0), axis=1)   # sum_{t>=k}
-        to_end = jnp.sum(u * BdS, axis=1) * eafter[:, 0]                             # indexed by s
-        from_end = jnp.sum(jnp.where(s_idx < t_idx, to_end[None, :], 0.0), axis=1)   # sum_{s<k}
+        from_L = _dot(jnp.where(t_idx >= s_idx, before_k, 0.0), ones, (0, 0), acc)    # sum_{t>=k}
+        read = jnp.sum(dy * ecum * CS, axis=1, keepdims=True)                       # indexed by t
+        from_read = _dot((s_idx >= t_idx).astype(acc), read, (1, 0), acc)           # sum_{t>=k}
+        to_end = jnp.sum(u * BdS, axis=1, keepdims=True) * eafter                   # indexed by s
+        from_end = _dot((s_idx < t_idx).astype(acc), to_end, (1, 0), acc)           # sum_{s<k}
         from_total = jnp.sum(dS * S) * etotal
-        dl_ref[rows, :] = (from_L + from_read + from_end + from_total)[:, None]
+        dl_ref[rows, :] = from_L + from_read + from_end + from_total
         return etotal * dS + _dot(dy * ecum, Cc, (0, 0), acc)
 
     dh0_ref[...] = lax.fori_loop(0, nc, chunk, dhT_ref[...].astype(acc))
