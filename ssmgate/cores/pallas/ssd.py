@@ -30,13 +30,15 @@ CPU-only machine lowers the Triton kernel and a jitted call on a GPU never sees 
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ssmgate.cores._ssd import pad_axis
+from ssmgate.cores._ssd import chunked_ssd, pad_axis
+from ssmgate.cores.pallas import tpu_vmem
 
 BACKENDS = ("interpret", "gpu", "tpu")
 MIN_TILE = 16   # Triton's dots need every dimension >= 16
@@ -287,6 +289,27 @@ def _unpack(arrays, has_xdiag):
     return (*arrays[:5], arrays[5] if has_xdiag else None)
 
 
+@functools.lru_cache(maxsize=None)
+def _chunked_fn(q: int, has_xdiag: bool):
+    """`chunked_ssd` on the kernels' head-major, padded arrays (the padding is inert there too)."""
+    def ssd(*arrays):
+        xs, l, B, C, h0, xdiag = _unpack(arrays, has_xdiag)
+        tokens_first = lambda a: None if a is None else jnp.swapaxes(a, 1, 2)
+        y, hT = chunked_ssd(tokens_first(xs), tokens_first(l), [(tokens_first(B), tokens_first(C))], h0, q,
+                            tokens_first(xdiag))
+        return tokens_first(y), hT
+    return ssd
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_tpu_chunked(T: int, q: int, bp: int, N: int, has_xdiag: bool) -> None:
+    need = tpu_vmem.kernel_bytes(T, q, bp, N, has_xdiag) / 2**20
+    warnings.warn(f"pallas_ssd: lowered for TPU, {T} tokens (chunk {q}, {bp} x {N} state rows per program) "
+                  f"would need ~{need:.1f} MiB of VMEM per kernel program, over the "
+                  f"{tpu_vmem.BUDGET / 2**20:.0f} MiB that every TPU generation gives it; the TPU program runs "
+                  "the chunked form (same result) instead", stacklevel=5)
+
+
 # ----------------------------------------------------------------------------- public entry
 
 def pallas_ssd(xs_bthp, logdecay_bth, B_btgn, C_btgn, h0_bhpn, chunk: int, xdiag_bthp=None, *,
@@ -301,7 +324,9 @@ def pallas_ssd(xs_bthp, logdecay_bth, B_btgn, C_btgn, h0_bhpn, chunk: int, xdiag
     block_p Mosaic cannot tile falls back to that default on TPU only). mm_dtype: operand dtype of
     the data matmuls (e.g. jnp.bfloat16 for bf16 models), None for the compute dtype at full
     precision. backend: None (the kernel of the platform this is lowered for, see the module
-    docstring) or one of BACKENDS for that kernel alone.
+    docstring) or one of BACKENDS for that kernel alone. The kernels hold whole sequences in VMEM:
+    with backend=None, a length whose TPU kernel would not fit (tpu_vmem.py) lowers for TPU as the
+    chunked form instead, with a warning; an explicit backend='tpu' keeps the kernel.
     Returns y (b, t, h, p) and the final state (b, h, p, n), in the compute dtype of xs.
     """
     backend = resolve_backend(backend)
@@ -323,6 +348,10 @@ def pallas_ssd(xs_bthp, logdecay_bth, B_btgn, C_btgn, h0_bhpn, chunk: int, xdiag
         bp = block_p
         if bp is None or _block_p_error(kernel_backend, bp, P):
             bp = _default_block_p(kernel_backend, P)
+        if backend is None and kernel_backend == "tpu" and not tpu_vmem.fits(T, q, bp, N, xdiag_bthp is not None,
+                                                                             acc.itemsize):
+            _warn_tpu_chunked(T, q, bp, N, xdiag_bthp is not None)
+            return _chunked_fn(q, xdiag_bthp is not None)
         return _kernel_fn((q, int(bp), kernel_backend, acc, mm), xdiag_bthp is not None)
 
     def heads_first(arr, channels):          # (b, t, k, c) -> (b, k, T, C): padded, head-major
