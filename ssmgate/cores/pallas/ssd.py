@@ -26,6 +26,8 @@ Backends: 'interpret' (Pallas' interpreter: any machine, the tests), 'gpu' (Trit
 not named), Triton on cuda/rocm, Mosaic on tpu. The choice is made when the function is lowered,
 not from `jax.default_backend()` when it is traced, so `jax.export(..., platforms=["cuda"])` on a
 CPU-only machine lowers the Triton kernel and a jitted call on a GPU never sees the interpreter.
+A program holds its whole sequence in VMEM on TPU; where that would not fit (tpu_vmem.py) the tpu
+branch is the chunked form instead, so every TPU generation compiles every length.
 """
 from __future__ import annotations
 
