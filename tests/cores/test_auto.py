@@ -57,7 +57,7 @@ def test_tpu_without_measurements_takes_the_estimated_kernel(monkeypatch):
     auto._warn_unmeasured.cache_clear()
     with pytest.warns(UserWarning, match="compiler-estimated choice .'pallas', 64."):
         assert auto.choose("scalar_decay", 2048, backend="tpu") == (("pallas", 64), ("pallas", 64))
-    with auto.for_backend("tpu"):
+    with auto.for_backend("tpu"), pytest.warns(UserWarning, match="backend 'tpu' and core 'rotation'"):
         assert auto.choose("rotation", 2048) == auto.ESTIMATED["tpu"]["rotation"]
     with pytest.warns(UserWarning, match="backend 'cpu'"):                   # this host's cpu: unmeasured here
         assert auto.choose("rotation", 2048) == auto.FALLBACK["rotation"]
