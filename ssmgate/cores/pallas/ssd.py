@@ -172,7 +172,7 @@ def _bwd_kernel(*refs, q, nc, bp, has_xdiag, acc, mm_dtype):
         dB_ref[rows, :] = dB
         # dL/dl_k: the decay matrix (pairs t >= k > s), the inter-chunk read (t >= k), the chunk's
         # whole decay (every k) and the decays to the end (s < k). Every per-token sum stays a (Q, 1)
-        # column and crosses tokens by a masked matmul: turning a 1-D vector between rows and columns
+        # column and crosses tokens by a masked matmul: laying a row-sum out as a row (`v[None, :]`)
         # lowers to a sublane gather, which Mosaic cannot emit for TPU v4.
         P = dM * M
         before_k = _dot(P, (t_idx < s_idx).astype(acc), (1, 0), acc)   # [t, k] = sum_{s<k} P[t, s]
