@@ -15,7 +15,9 @@ venv: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,plot,tensorboard]'
+	# tpu: libtpu, for the tests that compile the kernels for TPU topologies (on CPU-only machines too;
+	# ssmgate/platform_env.py keeps ordinary runs on the CPU platform there).
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,plot,tensorboard,tpu]'
 	# BFCL's data files (ssmgate.tasks.bfcl); --no-deps: only its JSON is used, its pins would clash.
 	$(PY) -m pip install --quiet --no-deps bfcl-eval==$(BFCL_EVAL_VERSION)
 	touch $(STAMP)

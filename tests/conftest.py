@@ -7,16 +7,22 @@ for speed of compilation, not of execution.
   share a folder), removed at exit: programs rebuilt by later tests, and the subprocesses the
   program tests start, reuse executables compiled earlier instead of compiling them again.
 
-Both are set here, before jax starts, and only where the caller has not set them already
-(`XLA_FLAGS` with an optimization level, `JAX_COMPILATION_CACHE_DIR`).
+- The CPU platform where libtpu is installed (the test environment) and no accelerator is attached
+  (ssmgate/platform_env.py): JAX does not try, and fail, to start a TPU client in every process.
+  The TPU compile tests name their topology and load libtpu for it themselves.
+
+All are set here, before jax starts, and only where the caller has not set them already
+(`XLA_FLAGS` with an optimization level, `JAX_COMPILATION_CACHE_DIR`, `JAX_PLATFORMS`).
 """
 import atexit
 import os
 import shutil
 import tempfile
 
-from ssmgate.xla_env import with_flag  # imports no JAX
+from ssmgate import platform_env  # imports no JAX
+from ssmgate.xla_env import with_flag
 
+platform_env.apply_default()
 os.environ["XLA_FLAGS"] = with_flag(os.environ.get("XLA_FLAGS", ""), "xla_backend_optimization_level", "0")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _cache = tempfile.mkdtemp(prefix=f"ssmgate-jax-cache-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")

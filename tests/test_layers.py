@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1] / "ssmgate"
 
 # lowest first; a module may import its own layer and any layer before it
 LAYERS = [
-    {"config_error", "storage_error", "processes", "xla_env", "malloc_env", "tree_paths", "plotting", "ssmgate"},
+    {"config_error", "storage_error", "processes", "xla_env", "malloc_env", "platform_env", "tree_paths", "plotting",
+     "ssmgate"},
     {"cores"},
     {"theory"},
     {"tasks"},

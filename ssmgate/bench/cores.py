@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from ssmgate.cores import auto, damped, rotation, scalar_decay
+from ssmgate.cores import auto, damped, rotation, rotation_mimo, scalar_decay
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "runs/bench/cores.json", "Where to write the JSON results.")
@@ -77,6 +77,24 @@ def make_inputs(core: str, b: int, t: int, h: int, p: int, n: int, g: int, r: in
     return inputs
 
 
+HALF_INPUTS = ("x", "B", "C")   # the inputs of a bf16 model in bf16; dt, A, theta, trap, D stay float32
+
+
+def input_structs(core: str, b: int, t: int, h: int, p: int, n: int, g: int, r: int, dtype=jnp.float32,
+                  rank: int = 4, sharding=None) -> dict:
+    """The shapes and dtypes of `core_fn(core, ...)`'s inputs (HALF_INPUTS in `dtype`), for lowering and
+    compiling without data; rotation_mimo's x, B, C carry a rank axis of `rank`."""
+    dims = {"x": (b, t, h, p), "dt": (b, t, h), "A": (h,), "B": (b, t, g, n), "C": (b, t, g, n), "D": (h,)}
+    if core in ("rotation", "rotation_mimo"):
+        dims.update(theta=(b, t, h, r), trap=(b, t, h))
+    if core == "rotation_mimo":
+        dims.update(x=(b, t, h, rank, p), B=(b, t, g, rank, n), C=(b, t, g, rank, n))
+    if core == "damped":
+        dims.update(a=dims.pop("A"), nu=(b, t, h, r), trap=(b, t, h))
+    return {k: jax.ShapeDtypeStruct(s, dtype if k in HALF_INPUTS else jnp.float32, sharding=sharding)
+            for k, s in dims.items()}
+
+
 def core_fn(core: str, algorithm: str, chunk_size=None):
     """f(inputs) -> (y, final_state) for one core/algorithm, with the benchmark's fixed options."""
     if core == "scalar_decay":
@@ -85,6 +103,9 @@ def core_fn(core: str, algorithm: str, chunk_size=None):
     if core == "rotation":
         return lambda i: rotation(i["x"], i["dt"], i["A"], i["B"], i["C"], i["theta"], i["D"], trap=i["trap"],
                                   algorithm=algorithm, chunk_size=chunk_size)
+    if core == "rotation_mimo":
+        return lambda i: rotation_mimo(i["x"], i["dt"], i["A"], i["B"], i["C"], i["theta"], i["D"], trap=i["trap"],
+                                       algorithm=algorithm, chunk_size=chunk_size)
     return lambda i: damped(i["x"], i["dt"], i["a"], i["nu"], i["B"], i["C"], i["D"], regime="under",
                             trap=i["trap"], algorithm=algorithm, chunk_size=chunk_size)
 

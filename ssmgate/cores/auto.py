@@ -12,11 +12,16 @@ differentiates with the training choice (whose own forward pass then runs instea
 and training each get their fastest algorithm. A custom VJP has no forward-mode derivative: for
 `jax.jvp`/`jax.jacfwd` pick an explicit algorithm.
 
-A backend with no measurements falls back to FALLBACK (and warns once), so an unmeasured GPU or
-TPU still runs; docs/benchmarks.md says how to measure it.
+A backend with no measurements uses ESTIMATED where it has a rule from the compiler's estimates
+(TPU: the Pallas kernel, docs/benchmarks.md "auto on TPU"), else FALLBACK, and warns once either
+way; docs/benchmarks.md says how to measure it. The choice is made when a core is traced, for
+`jax.default_backend()`; code compiled ahead of time for another platform (TPU topologies on a
+CPU host) traces inside `for_backend(...)` to get that platform's choice.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import json
 import pathlib
@@ -29,6 +34,23 @@ TABLE_PATH = pathlib.Path(__file__).with_name("auto_table.json")
 FALLBACK = {"scalar_decay": (("chunked", 64), ("chunked", 64)),
             "rotation": (("chunked", 64), ("chunked", 64)),
             "damped": (("associative", None), ("associative", None))}
+# Backends without measured rows whose choice comes from the compiler's estimates at the models'
+# shapes, to be replaced by a measured table. On TPU the kernel moves a small fraction of the
+# chunked form's HBM bytes for the same matmuls; a length whose kernel would not fit VMEM runs
+# the chunked form with the same chunk (ssmgate/cores/pallas/tpu_vmem.py).
+ESTIMATED = {"tpu": {"scalar_decay": (("pallas", 64), ("pallas", 64)),
+                     "rotation": (("pallas", 64), ("pallas", 64))}}
+_TARGET = contextvars.ContextVar("ssmgate_auto_backend", default=None)
+
+
+@contextlib.contextmanager
+def for_backend(backend: str):
+    """Cores traced inside choose for `backend` instead of jax.default_backend()."""
+    token = _TARGET.set(backend)
+    try:
+        yield
+    finally:
+        _TARGET.reset(token)
 
 
 @functools.lru_cache(maxsize=None)
@@ -40,11 +62,10 @@ def load_table(path: str = str(TABLE_PATH)) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def _warn_unmeasured(backend: str, core: str) -> None:
+def _warn_unmeasured(backend: str, core: str, using: str) -> None:
     warnings.warn(
-        f"ssmgate.cores: no measured auto table for backend {backend!r} and core {core!r}; using "
-        f"{FALLBACK[core][1]}. Run `python -m ssmgate.bench cores --write_auto_table` on this machine "
-        "to measure it.", stacklevel=4)
+        f"ssmgate.cores: no measured auto table for backend {backend!r} and core {core!r}; using {using}. Run "
+        "`python -m ssmgate.bench cores --write_auto_table` on this machine to measure it.", stacklevel=4)
 
 
 def _width_key(entry: dict):
@@ -55,11 +76,14 @@ def _width_key(entry: dict):
 def choose(core: str, t: int, state_size: int | None = None, backend: str | None = None):
     """Returns ((forward algorithm, chunk), (training algorithm, chunk)) for sequence length t and
     per-head state size p·n (None: the widest class)."""
-    backend = backend or jax.default_backend()
+    backend = backend or _TARGET.get() or jax.default_backend()
     classes = load_table().get(backend, {}).get(core)
     if not classes:
-        _warn_unmeasured(backend, core)
-        return FALLBACK[core]
+        estimated = ESTIMATED.get(backend, {}).get(core)
+        choice = estimated or FALLBACK[core]
+        _warn_unmeasured(backend, core, f"the compiler-estimated choice {choice[1]} (docs/benchmarks.md)"
+                         if estimated else str(choice[1]))
+        return choice
     widths = sorted({_width_key(c) for c in classes})
     if not widths[-1][0]:
         raise ValueError(f"{TABLE_PATH}: the {backend}/{core} width classes end without an open-ended one "

@@ -44,8 +44,26 @@ def test_committed_table_is_well_formed():
 def test_unmeasured_backend_warns_and_falls_back(monkeypatch):
     monkeypatch.setattr(auto, "load_table", lambda: {})
     auto._warn_unmeasured.cache_clear()
-    with pytest.warns(UserWarning, match="no measured auto table for backend 'tpu'"):
-        assert auto.choose("rotation", 100, backend="tpu") == auto.FALLBACK["rotation"]
+    with pytest.warns(UserWarning, match="no measured auto table for backend 'gpu'"):
+        assert auto.choose("rotation", 100, backend="gpu") == auto.FALLBACK["rotation"]
+    with pytest.warns(UserWarning, match="no measured auto table for backend 'tpu' and core 'damped'"):
+        assert auto.choose("damped", 100, backend="tpu") == auto.FALLBACK["damped"]
+
+
+def test_tpu_without_measurements_takes_the_estimated_kernel(monkeypatch):
+    """TPU's compiler-estimated rule (the Pallas kernel) where no TPU rows were measured; measured rows win.
+    for_backend makes a trace on this CPU host choose for TPU."""
+    monkeypatch.setattr(auto, "load_table", lambda: {})
+    auto._warn_unmeasured.cache_clear()
+    with pytest.warns(UserWarning, match="compiler-estimated choice .'pallas', 64."):
+        assert auto.choose("scalar_decay", 2048, backend="tpu") == (("pallas", 64), ("pallas", 64))
+    with auto.for_backend("tpu"), pytest.warns(UserWarning, match="backend 'tpu' and core 'rotation'"):
+        assert auto.choose("rotation", 2048) == auto.ESTIMATED["tpu"]["rotation"]
+    with pytest.warns(UserWarning, match="backend 'cpu'"):                   # this host's cpu: unmeasured here
+        assert auto.choose("rotation", 2048) == auto.FALLBACK["rotation"]
+    measured = {"tpu": {"scalar_decay": [_entry(None, None, 128)]}}
+    monkeypatch.setattr(auto, "load_table", lambda: measured)
+    assert auto.choose("scalar_decay", 2048, backend="tpu") == (("sequential", None), ("chunked", 128))
 
 
 def test_table_without_open_class_is_an_error(monkeypatch):

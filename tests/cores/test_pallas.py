@@ -6,6 +6,8 @@ TPU (Mosaic) without their hardware.
 Tolerances: float32 inputs as every algorithm (checks.REF_TOL 1e-5 vs the reference, GRAD_TOL 1e-4
 vs sequential, 1e-5 at extreme decays); float64 kernel vs float64 `chunked` 1e-12; bf16/fp16
 inputs, whose data matmuls take operands in that dtype (accumulated in float32), HALF_TOL below."""
+from contextlib import nullcontext
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,7 +16,7 @@ from jax import export
 
 from ssmgate import cores
 from ssmgate.cores._ssd import chunked_ssd
-from ssmgate.cores.pallas import pallas_ssd
+from ssmgate.cores.pallas import pallas_ssd, ssd, tpu_vmem
 from ssmgate.models.config import ModelCfg
 from tests.cores import checks
 from tests.cores import common as cm
@@ -98,6 +100,40 @@ def test_kernel_equals_chunked_float64(with_xdiag, rng):
             assert g.dtype == jnp.float64
             err = float(jnp.max(jnp.abs(g - w)) / jnp.max(jnp.abs(w)))
             assert err <= 1e-12, f"{what}: pallas vs chunked relative error {err:.2e}"
+
+
+def test_tpu_fallback_equals_the_kernel_float64(rng):
+    """The chunked form that the TPU branch runs where the kernel would not fit VMEM (ssd._chunked_fn,
+    on the kernels' head-major arrays) == the kernel (interpreted), values and every gradient, float64."""
+    b, h, g, T, P, N, q = 2, 4, 2, 48, 16, 16, 16
+    with jax.enable_x64():
+        f = lambda *s: jnp.asarray(rng.normal(size=s))
+        args = [f(b, h, T, P), -jnp.abs(f(b, h, T)), f(b, g, T, N), f(b, g, T, N), f(b, h, P, N), f(b, h, T, P)]
+
+        def loss(fn):
+            value = lambda *a: sum(jnp.sum(jnp.sin(o)) for o in fn(*a))
+            return jax.jit(jax.value_and_grad(value, argnums=tuple(range(6))))(*args)
+
+        want = loss(ssd._kernel_fn((q, P, "interpret", jnp.dtype(jnp.float64), None), True))
+        got = loss(ssd._chunked_fn(q, True))
+        for what, g_, w in zip(["value", "xs", "l", "B", "C", "h0", "xdiag"], [got[0], *got[1]], [want[0], *want[1]]):
+            err = float(jnp.max(jnp.abs(g_ - w)) / jnp.max(jnp.abs(w)))
+            assert err <= 1e-12, f"{what}: chunked fallback vs kernel relative error {err:.2e}"
+
+
+def test_tpu_lowering_falls_back_where_the_kernel_would_not_fit():
+    """Lowered for TPU, a length over the VMEM budget holds no Mosaic kernel (the chunked form), with
+    a warning; an explicit backend='tpu' keeps the kernel."""
+    S = jax.ShapeDtypeStruct
+    b, t, h, p, n = 1, 2047, 2, 64, 128
+    shapes = (S((b, t, h, p), jnp.float32), S((b, t, h), jnp.float32), S((b, t, 1, n), jnp.float32),
+              S((b, t, 1, n), jnp.float32), S((b, h, p, n), jnp.float32))
+    assert not tpu_vmem.fits(2048, 64, 64, 128, False)
+    for backend, kernels in ((None, 0), ("tpu", 1)):
+        fn = jax.jit(lambda *a: pallas_ssd(*a, 64, backend=backend))
+        with pytest.warns(UserWarning, match="runs the chunked form") if backend is None else nullcontext():
+            text = export.export(fn, platforms=["tpu"])(*shapes).mlir_module()
+        assert text.count("@tpu_custom_call") == kernels, f"backend={backend}: expected {kernels} Mosaic kernels"
 
 
 PLATFORMS = {"gpu": ("cuda", "__gpu$xla.gpu.triton"), "tpu": ("tpu", "tpu_custom_call")}

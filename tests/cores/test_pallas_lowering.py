@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import pytest
 from jax import export
 
-from ssmgate.bench.cores import core_fn
+from ssmgate.bench.cores import core_fn, input_structs
 
 # platform -> the kernel's custom-call target in the exported module
 TARGETS = {"cuda": "__gpu$xla.gpu.triton", "tpu": "tpu_custom_call"}
@@ -25,19 +25,14 @@ TARGETS = {"cuda": "__gpu$xla.gpu.triton", "tpu": "tpu_custom_call"}
 # d_state 128, one B/C group) at the default chunk 64; the P2 187M Mamba-3 (the same heads, half
 # the state's pairs rotating, r = 32 of 64) at its chunk 16. Odd lengths: a ragged last chunk.
 SHAPES = {"mamba2_130m": (1, 75, 24, 64, 128, 1, 32, 64), "mamba3_187m": (1, 37, 24, 64, 128, 1, 32, 16)}
-HALF = ("x", "B", "C")   # bf16 inputs of a bf16 model; dt, A, theta, trap, D stay float32
 
 
 def _input_structs(core, shape, dtype):
-    b, t, h, p, n, g, r, _ = shape
-    dims = {"x": (b, t, h, p), "dt": (b, t, h), "A": (h,), "B": (b, t, g, n), "C": (b, t, g, n), "D": (h,)}
-    if core == "rotation":
-        dims.update(theta=(b, t, h, r), trap=(b, t, h))
-    return {k: jax.ShapeDtypeStruct(s, dtype if k in HALF else jnp.float32) for k, s in dims.items()}
+    return input_structs(core, *shape[:7], dtype)
 
 
-def _functions(core, chunk):
-    fn = core_fn(core, "pallas", chunk)
+def _functions(core, chunk, algorithm="pallas"):
+    fn = core_fn(core, algorithm, chunk)
 
     def forward(inputs):
         return fn(inputs)
@@ -45,8 +40,7 @@ def _functions(core, chunk):
     def gradient(inputs):
         def loss(i):
             y, final = fn(i)
-            h = final.h if core == "rotation" else final
-            return jnp.sum(y.astype(jnp.float32) ** 2) + jnp.sum(h)
+            return jnp.sum(y.astype(jnp.float32) ** 2) + jnp.sum(getattr(final, "h", final))
         return jax.grad(loss)(inputs)
 
     return forward, gradient

@@ -26,17 +26,21 @@ Backends: 'interpret' (Pallas' interpreter: any machine, the tests), 'gpu' (Trit
 not named), Triton on cuda/rocm, Mosaic on tpu. The choice is made when the function is lowered,
 not from `jax.default_backend()` when it is traced, so `jax.export(..., platforms=["cuda"])` on a
 CPU-only machine lowers the Triton kernel and a jitted call on a GPU never sees the interpreter.
+A program holds its whole sequence in VMEM on TPU; where that would not fit (tpu_vmem.py) the tpu
+branch is the chunked form instead, so every TPU generation compiles every length.
 """
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ssmgate.cores._ssd import pad_axis
+from ssmgate.cores._ssd import chunked_ssd, pad_axis
+from ssmgate.cores.pallas import tpu_vmem
 
 BACKENDS = ("interpret", "gpu", "tpu")
 MIN_TILE = 16   # Triton's dots need every dimension >= 16
@@ -139,6 +143,8 @@ def _bwd_kernel(*refs, q, nc, bp, has_xdiag, acc, mm_dtype):
     dxs_ref, dl_ref, dB_ref, dC_ref, dh0_ref = rest[:5]
     dxdiag_ref = rest[5] if has_xdiag else None
 
+    ones = jnp.ones((q, 1), acc)
+
     def chunk(k, dS):                      # dS: dLoss / d(state at the chunk's end), (bp, n)
         c = nc - 1 - k
         rows = pl.ds(pl.multiple_of(c * q, q), q)
@@ -165,16 +171,18 @@ def _bwd_kernel(*refs, q, nc, bp, has_xdiag, acc, mm_dtype):
         dC_ref[rows, :] = dC
         dB_ref[rows, :] = dB
         # dL/dl_k: the decay matrix (pairs t >= k > s), the inter-chunk read (t >= k), the chunk's
-        # whole decay (every k) and the decays to the end (s < k).
+        # whole decay (every k) and the decays to the end (s < k). Every per-token sum stays a (Q, 1)
+        # column and crosses tokens by a masked matmul: laying a row-sum out as a row (`v[None, :]`)
+        # lowers to a sublane gather, which Mosaic cannot emit for TPU v4.
         P = dM * M
         before_k = _dot(P, (t_idx < s_idx).astype(acc), (1, 0), acc)   # [t, k] = sum_{s<k} P[t, s]
-        from_L = jnp.sum(jnp.where(t_idx >= s_idx, before_k, 0.0), axis=0)          # indexed by k
-        read = jnp.sum(dy * ecum * CS, axis=1)                                       # indexed by t
-        from_read = jnp.sum(jnp.where(s_idx >= t_idx, read[None, :], 0.0), axis=1)   # sum_{t>=k}
-        to_end = jnp.sum(u * BdS, axis=1) * eafter[:, 0]                             # indexed by s
-        from_end = jnp.sum(jnp.where(s_idx < t_idx, to_end[None, :], 0.0), axis=1)   # sum_{s<k}
+        from_L = _dot(jnp.where(t_idx >= s_idx, before_k, 0.0), ones, (0, 0), acc)    # sum_{t>=k}
+        read = jnp.sum(dy * ecum * CS, axis=1, keepdims=True)                       # indexed by t
+        from_read = _dot((s_idx >= t_idx).astype(acc), read, (1, 0), acc)           # sum_{t>=k}
+        to_end = jnp.sum(u * BdS, axis=1, keepdims=True) * eafter                   # indexed by s
+        from_end = _dot((s_idx < t_idx).astype(acc), to_end, (1, 0), acc)           # sum_{s<k}
         from_total = jnp.sum(dS * S) * etotal
-        dl_ref[rows, :] = (from_L + from_read + from_end + from_total)[:, None]
+        dl_ref[rows, :] = from_L + from_read + from_end + from_total
         return etotal * dS + _dot(dy * ecum, Cc, (0, 0), acc)
 
     dh0_ref[...] = lax.fori_loop(0, nc, chunk, dhT_ref[...].astype(acc))
@@ -283,6 +291,27 @@ def _unpack(arrays, has_xdiag):
     return (*arrays[:5], arrays[5] if has_xdiag else None)
 
 
+@functools.lru_cache(maxsize=None)
+def _chunked_fn(q: int, has_xdiag: bool):
+    """`chunked_ssd` on the kernels' head-major, padded arrays (the padding is inert there too)."""
+    def ssd(*arrays):
+        xs, l, B, C, h0, xdiag = _unpack(arrays, has_xdiag)
+        tokens_first = lambda a: None if a is None else jnp.swapaxes(a, 1, 2)
+        y, hT = chunked_ssd(tokens_first(xs), tokens_first(l), [(tokens_first(B), tokens_first(C))], h0, q,
+                            tokens_first(xdiag))
+        return tokens_first(y), hT
+    return ssd
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_tpu_chunked(T: int, q: int, bp: int, N: int, has_xdiag: bool) -> None:
+    need = tpu_vmem.kernel_bytes(T, q, bp, N, has_xdiag) / 2**20
+    warnings.warn(f"pallas_ssd: lowered for TPU, {T} tokens (chunk {q}, {bp} x {N} state rows per program) "
+                  f"would need ~{need:.1f} MiB of VMEM per kernel program, over the "
+                  f"{tpu_vmem.BUDGET / 2**20:.0f} MiB that every TPU generation gives it; the TPU program runs "
+                  "the chunked form (same result) instead", stacklevel=5)
+
+
 # ----------------------------------------------------------------------------- public entry
 
 def pallas_ssd(xs_bthp, logdecay_bth, B_btgn, C_btgn, h0_bhpn, chunk: int, xdiag_bthp=None, *,
@@ -297,7 +326,9 @@ def pallas_ssd(xs_bthp, logdecay_bth, B_btgn, C_btgn, h0_bhpn, chunk: int, xdiag
     block_p Mosaic cannot tile falls back to that default on TPU only). mm_dtype: operand dtype of
     the data matmuls (e.g. jnp.bfloat16 for bf16 models), None for the compute dtype at full
     precision. backend: None (the kernel of the platform this is lowered for, see the module
-    docstring) or one of BACKENDS for that kernel alone.
+    docstring) or one of BACKENDS for that kernel alone. The kernels hold whole sequences in VMEM:
+    with backend=None, a length whose TPU kernel would not fit (tpu_vmem.py) lowers for TPU as the
+    chunked form instead, with a warning; an explicit backend='tpu' keeps the kernel.
     Returns y (b, t, h, p) and the final state (b, h, p, n), in the compute dtype of xs.
     """
     backend = resolve_backend(backend)
@@ -319,6 +350,10 @@ def pallas_ssd(xs_bthp, logdecay_bth, B_btgn, C_btgn, h0_bhpn, chunk: int, xdiag
         bp = block_p
         if bp is None or _block_p_error(kernel_backend, bp, P):
             bp = _default_block_p(kernel_backend, P)
+        if backend is None and kernel_backend == "tpu" and not tpu_vmem.fits(T, q, bp, N, xdiag_bthp is not None,
+                                                                             acc.itemsize):
+            _warn_tpu_chunked(T, q, bp, N, xdiag_bthp is not None)
+            return _chunked_fn(q, xdiag_bthp is not None)
         return _kernel_fn((q, int(bp), kernel_backend, acc, mm), xdiag_bthp is not None)
 
     def heads_first(arr, channels):          # (b, t, k, c) -> (b, k, T, C): padded, head-major

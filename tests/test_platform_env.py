@@ -1,0 +1,56 @@
+"""The CPU platform by default where libtpu is installed and no accelerator is attached."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ssmgate import platform_env
+
+
+def _pci(tmp_path, *devices):
+    for i, (vendor, device) in enumerate(devices):
+        d = tmp_path / "pci" / f"0000:00:0{i}.0"
+        d.mkdir(parents=True)
+        (d / "vendor").write_text(vendor + "\n")
+        (d / "device").write_text(device + "\n")
+    return str(tmp_path / "pci")
+
+
+def test_cpu_only_where_libtpu_is_installed_and_nothing_is_attached(tmp_path):
+    libtpu = {"TPU_LIBRARY_PATH": "/opt/libtpu.so"}
+    gvnic = _pci(tmp_path, ("0x1ae0", "0x0042"))    # Google's network card, not a TPU
+    (tmp_path / "dev").mkdir()
+    dev = str(tmp_path / "dev")
+    assert platform_env.default_platform(libtpu, gvnic, dev) == "cpu"
+    # the user's choice, even an empty one, wins
+    assert platform_env.default_platform({**libtpu, "JAX_PLATFORMS": "tpu"}, gvnic, dev) is None
+    assert platform_env.default_platform({**libtpu, "JAX_PLATFORMS": ""}, gvnic, dev) is None
+    # a TPU VM (v5e chip) or a GPU machine: JAX chooses
+    tpu_vm = _pci(tmp_path / "v5e", ("0x1ae0", "0x0042"), ("0x1ae0", "0x0063"))
+    assert platform_env.default_platform(libtpu, tpu_vm, dev) is None
+    (tmp_path / "dev" / "nvidiactl").write_text("")
+    assert platform_env.default_platform(libtpu, gvnic, dev) is None
+
+
+def test_without_libtpu_nothing_is_set(monkeypatch, tmp_path):
+    monkeypatch.setattr(platform_env.importlib.util, "find_spec", lambda name: None)
+    assert platform_env.default_platform({}, str(tmp_path), str(tmp_path)) is None
+
+
+@pytest.mark.skipif(not platform_env.libtpu_installed(), reason="libtpu is not installed")
+def test_a_fresh_process_starts_on_cpu_without_libtpus_start_up():
+    """With libtpu installed (the test environment) and JAX_PLATFORMS unset, `import ssmgate` keeps
+    JAX off libtpu's TPU start-up: CPU devices and none of libtpu's lines on stderr. Without ssmgate
+    JAX does start it here (the control), so the check can tell the two apart."""
+    if platform_env.has_tpu_chip() or platform_env.has_gpu():
+        pytest.skip("an accelerator is attached")
+    # (libtpu's lock file would refuse the control's start-up beside a test worker compiling for TPU)
+    env = {**{k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    code = "{}import jax; print(jax.default_backend())"
+    runs = {name: subprocess.run([sys.executable, "-c", code.format(prefix)], env=env, capture_output=True,
+                                 text=True, timeout=120, check=True)
+            for name, prefix in (("ssmgate", "import ssmgate; "), ("control", ""))}
+    assert runs["ssmgate"].stdout.split()[-1] == "cpu"
+    assert "TPU" not in runs["ssmgate"].stderr, runs["ssmgate"].stderr
+    assert "TPU" in runs["control"].stderr, "libtpu's start-up printed nothing: the check cannot fail"
