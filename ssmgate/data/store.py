@@ -87,7 +87,7 @@ class RecordSource:
         if reader is not None:
             try:
                 reader.close()
-            except Exception:
+            except Exception:   # a reader of a damaged shard may fail to close; the read error named it already
                 pass
 
     def _reader(self, f: int) -> ArrayRecordReader:
