@@ -41,8 +41,8 @@ TOY = ModelCfg(block="mamba2", vocab_size=16, d_model=16, n_layers=1, d_state=8,
 TOY_TASK = dataclasses.replace(train.SWEEP_TASK, vocab_size=16, batch=4, seq_len=9)
 
 
-# Slow: it starts a training process per replica (36 s of the default suite on 2 cores); the sweep's
-# agreement with separate runs is also tested in-process by tests/train.
+# Slow: it starts a training process per replica. The sweep's agreement with separate runs is tested
+# in-process by tests/train (test_loop.py, test_mesh.py), the harness's flags and refusals below.
 @pytest.mark.slow
 def test_end_to_end_runs_train_the_sweeps_models_in_separate_processes(tmp_path):
     row = cli_runs.bench_runs(TOY, TOY_TASK, lrs=[1e-3], offsets=[-1.0, 0.0], steps=4, log=lambda *_: None,
