@@ -15,8 +15,6 @@ and results are counted as bytes. These are estimates, not timings: `auto` on TP
 """
 from __future__ import annotations
 
-import functools
-import os
 import time
 
 import jax
@@ -24,8 +22,8 @@ import jax.numpy as jnp
 from absl import flags
 
 from ssmgate.bench.cores import core_fn, input_structs, write_result
-from ssmgate import platform_env
 from ssmgate.cores import auto
+from ssmgate.train import topology
 
 FLAGS = flags.FLAGS
 # Topology names libtpu 0.0.42.1 accepts ('<generation>:<chips per axis>', one host's chips), per generation.
@@ -37,17 +35,11 @@ flags.DEFINE_list("tpu_shape", ["8", "1024", "24", "64", "128", "1", "32"], "b,t
 flags.DEFINE_list("tpu_algorithms", ["pallas/64", "chunked/64", "chunked/128"], "algorithm/chunk pairs compared.")
 
 
-@functools.lru_cache(maxsize=None)
 def tpu_device(generation: str):
     """One chip of a `generation` slice (a compile-only device: nothing runs on it)."""
     if generation not in GENERATIONS:
         raise ValueError(f"unknown TPU generation {generation!r}; expected one of {sorted(GENERATIONS)}")
-    if not platform_env.has_tpu_chip():
-        # libtpu refuses a second process on the machine (a lock file) even when none runs on a chip;
-        # compiling touches no chip, so two compiling processes (test workers, a benchmark) may share it.
-        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    from jax.experimental import topologies
-    return topologies.get_topology_desc(platform="tpu", topology_name=GENERATIONS[generation]).devices[0]
+    return topology.devices(GENERATIONS[generation])[0]
 
 
 def estimate(generation: str, core: str, algorithm: str, chunk: int, shape, dtype=jnp.bfloat16) -> list[dict]:

@@ -29,6 +29,12 @@ class LMBatch(NamedTuple):
     targets: jax.Array  # (b, t) int32: inputs shifted left by one
     mask: jax.Array     # (b, t) float32: 1 where the prediction is scored
 
+    @classmethod
+    def shapes(cls, b: int, t: int) -> "LMBatch":
+        """A batch of b rows of t tokens as jax.ShapeDtypeStructs (what a compile-only step takes)."""
+        tokens = jax.ShapeDtypeStruct((b, t), jnp.int32)
+        return cls(tokens, tokens, jax.ShapeDtypeStruct((b, t), jnp.float32))
+
 
 @dataclasses.dataclass(frozen=True)
 class SyntheticCfg:

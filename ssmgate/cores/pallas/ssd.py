@@ -28,9 +28,18 @@ not from `jax.default_backend()` when it is traced, so `jax.export(..., platform
 CPU-only machine lowers the Triton kernel and a jitted call on a GPU never sees the interpreter.
 A program holds its whole sequence in VMEM on TPU; where that would not fit (tpu_vmem.py) the tpu
 branch is the chunked form instead, so every TPU generation compiles every length.
+
+A Mosaic or Triton kernel is a custom call that XLA cannot partition: inside a program sharded
+over several devices (a pod's training step) JAX refuses to lower it. With backend=None, a
+program traced in a process with more than one device (or inside `partitioned_over(n)`, n > 1:
+compiling for a TPU slice from a host with one CPU device) therefore lowers the chunked form on
+gpu and tpu, with a warning; wrapping the kernel in a shard_map over the batch would keep it there,
+and is not implemented.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import warnings
 
@@ -43,6 +52,8 @@ from ssmgate.cores._ssd import chunked_ssd, pad_axis
 from ssmgate.cores.pallas import tpu_vmem
 
 BACKENDS = ("interpret", "gpu", "tpu")
+# Devices the program being traced is partitioned over; None: this process's devices.
+_SPAN = contextvars.ContextVar("ssmgate_pallas_span", default=None)
 MIN_TILE = 16   # Triton's dots need every dimension >= 16
 
 
@@ -312,6 +323,29 @@ def _warn_tpu_chunked(T: int, q: int, bp: int, N: int, has_xdiag: bool) -> None:
                   "the chunked form (same result) instead", stacklevel=5)
 
 
+@contextlib.contextmanager
+def partitioned_over(n_devices: int):
+    """Kernels traced inside are lowered for a program partitioned over `n_devices` devices (as with
+    auto.for_backend, a function jit traced before keeps its first trace)."""
+    token = _SPAN.set(int(n_devices))
+    try:
+        yield
+    finally:
+        _SPAN.reset(token)
+
+
+def _span() -> int:
+    n = _SPAN.get()
+    return jax.device_count() if n is None else n
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_partitioned(n_devices: int) -> None:
+    warnings.warn(f"pallas_ssd: the gpu and tpu kernels are custom calls XLA cannot partition, and this program may "
+                  f"span {n_devices} devices; on gpu and tpu it runs the chunked form (same result) instead",
+                  stacklevel=5)
+
+
 # ----------------------------------------------------------------------------- public entry
 
 def pallas_ssd(xs_bthp, logdecay_bth, B_btgn, C_btgn, h0_bhpn, chunk: int, xdiag_bthp=None, *,
@@ -328,7 +362,8 @@ def pallas_ssd(xs_bthp, logdecay_bth, B_btgn, C_btgn, h0_bhpn, chunk: int, xdiag
     precision. backend: None (the kernel of the platform this is lowered for, see the module
     docstring) or one of BACKENDS for that kernel alone. The kernels hold whole sequences in VMEM:
     with backend=None, a length whose TPU kernel would not fit (tpu_vmem.py) lowers for TPU as the
-    chunked form instead, with a warning; an explicit backend='tpu' keeps the kernel.
+    chunked form instead, with a warning; an explicit backend='tpu' keeps the kernel. So does a
+    program partitioned over several devices (`partitioned_over`), on gpu and tpu.
     Returns y (b, t, h, p) and the final state (b, h, p, n), in the compute dtype of xs.
     """
     backend = resolve_backend(backend)
@@ -350,6 +385,9 @@ def pallas_ssd(xs_bthp, logdecay_bth, B_btgn, C_btgn, h0_bhpn, chunk: int, xdiag
         bp = block_p
         if bp is None or _block_p_error(kernel_backend, bp, P):
             bp = _default_block_p(kernel_backend, P)
+        if backend is None and kernel_backend != "interpret" and _span() > 1:
+            _warn_partitioned(_span())
+            return _chunked_fn(q, xdiag_bthp is not None)
         if backend is None and kernel_backend == "tpu" and not tpu_vmem.fits(T, q, bp, N, xdiag_bthp is not None,
                                                                              acc.itemsize):
             _warn_tpu_chunked(T, q, bp, N, xdiag_bthp is not None)

@@ -79,6 +79,7 @@ from ssmgate.tasks.synthetic_lm import lm_loss, step_key
 from ssmgate.train import lm_runs
 from ssmgate.train import loop, mesh as meshlib, sweep
 from ssmgate.train import sweep_results
+from ssmgate.train.compile_step import TrainPlan
 from ssmgate.train.experiment import make_mesh, run_experiment
 from ssmgate.train.optim import OptimCfg
 from ssmgate.train.run_dir import RunDir, say, to_jsonable
@@ -372,6 +373,17 @@ def token_gate_stats(run_built, model_cfg: ModelCfg, replicas, final_params, pro
 
 # --- the run -----------------------------------------------------------------------------------------------
 
+def training_plan(cfg: HornRunCfg) -> TrainPlan:
+    """The sweep's step (the run's and `python -m ssmgate.aot`'s); its largest batch: the top bucket's."""
+    cfg.validate()
+    task = cfg.horn
+    graph = horn.build_graph(task)
+    lo, hi = cfg.bounds[-1]
+    return TrainPlan(cfg.model, cfg.optim, cfg.replicas, horn_loss(graph, hr.RULES[task.regime]), cfg.mesh,
+                     force_sweep=True,
+                     batch=lambda: jax.eval_shape(lambda: horn.sample(step_key(0, 0), task, graph, lo, hi)))
+
+
 def run(cfg: HornRunCfg, run_dir: str) -> dict:
     cfg.validate()
     rd = RunDir(run_dir)
@@ -381,7 +393,6 @@ def run(cfg: HornRunCfg, run_dir: str) -> dict:
     labels = [r.label for r in replicas]
     task, bounds, base_seed = cfg.horn, cfg.bounds, cfg.seed
     graph = horn.build_graph(task)
-    rule = hr.RULES[task.regime]
     sets = {name: fixed_set(cfg, graph, SET_SEEDS[name], kind, lo, hi, n)
             for name, (kind, lo, hi, n) in cfg.eval_sets.items()}
     set_rules = {name: ("class1" if name == "first_turn" else hr.RULES[KIND[name]]) for name in sets}
@@ -404,11 +415,10 @@ def run(cfg: HornRunCfg, run_dir: str) -> dict:
         return lambda s: sweep_eval(s.train.params, sets)
 
     trained = run_experiment(
-        rd, model=cfg.model, optim=cfg.optim, replicas=replicas, loss=horn_loss(graph, rule),
-        loop_cfg=dataclasses.replace(cfg.loop, name=f"p1_horn {task.regime}"), mesh_cfg=cfg.mesh, mesh=mesh,
-        fingerprint=cfg.fingerprint(), stop=cfg.stop, resume_stopped=cfg.stop_thr is not None, eval_fn=eval_fn,
-        meta={"config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "labels": labels},
-        force_sweep=True, sample=lambda seed, k, b: horn.sample(step_key(seed, k), task, graph, b[0], b[1]),
+        rd, **training_plan(cfg).engine(), loop_cfg=dataclasses.replace(cfg.loop, name=f"p1_horn {task.regime}"),
+        mesh=mesh, fingerprint=cfg.fingerprint(), stop=cfg.stop, resume_stopped=cfg.stop_thr is not None,
+        eval_fn=eval_fn, meta={"config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "labels": labels},
+        sample=lambda seed, k, b: horn.sample(step_key(seed, k), task, graph, b[0], b[1]),
         stage=lambda k: lb.bucket_for_step(bounds, base_seed, int(k)))  # as horn.batch_for_step
     built, result, evaluate = trained.built, trained.result, evaluation["evaluate"]
     state = result.state

@@ -56,6 +56,7 @@ from ssmgate.tasks import length_buckets as lb
 from ssmgate.tasks.synthetic_lm import lm_loss, step_key
 from ssmgate.train import loop, mesh as meshlib, sweep
 from ssmgate.train import sweep_results
+from ssmgate.train.compile_step import TrainPlan
 from ssmgate.train.experiment import make_mesh, run_experiment
 from ssmgate.train.optim import OptimCfg
 from ssmgate.train.run_dir import RunDir, say, to_jsonable
@@ -230,6 +231,16 @@ def plateau_accuracy(steps, values, offsets, escape) -> Optional[float]:
 
 # --- the run -----------------------------------------------------------------------------------------------
 
+def training_plan(cfg: KVRunCfg, dictionary=None) -> TrainPlan:
+    """The sweep's step (the run's and `python -m ssmgate.aot`'s); its largest batch: the top bucket's."""
+    cfg.validate()
+    if dictionary is None:
+        dictionary = tuple(jnp.asarray(a) for a in kv.make_dictionary(cfg.kv))
+    lo, hi = cfg.bounds[-1]
+    return TrainPlan(cfg.model, cfg.optim, cfg.replicas, kv_loss, cfg.mesh, force_sweep=True,
+                     batch=lambda: jax.eval_shape(lambda: kv.sample(step_key(0, 0), cfg.kv, dictionary, lo, hi)))
+
+
 def run(cfg: KVRunCfg, run_dir: str) -> dict:
     cfg.validate()
     rd = RunDir(run_dir)
@@ -238,6 +249,7 @@ def run(cfg: KVRunCfg, run_dir: str) -> dict:
     replicas = cfg.replicas
     labels = [r.label for r in replicas]
     dictionary = tuple(jnp.asarray(a) for a in kv.make_dictionary(cfg.kv))
+    plan = training_plan(cfg, dictionary)
     task, bounds, base_seed = cfg.kv, cfg.bounds, cfg.seed
     eval_data = fixed_set(cfg, dictionary, EVAL_SEED, task.n_max, cfg.eval_n)
     evaluation = {}
@@ -250,9 +262,8 @@ def run(cfg: KVRunCfg, run_dir: str) -> dict:
         return lambda s: sweep_eval(s.train.params, eval_data)
 
     trained = run_experiment(
-        rd, model=cfg.model, optim=cfg.optim, replicas=replicas, loss=kv_loss,
-        loop_cfg=dataclasses.replace(cfg.loop, name=f"p1_kv {task.query}"), mesh_cfg=cfg.mesh, mesh=mesh,
-        fingerprint=cfg.fingerprint(), stop=cfg.stop, resume_stopped=True, eval_fn=eval_fn, force_sweep=True,
+        rd, **plan.engine(), loop_cfg=dataclasses.replace(cfg.loop, name=f"p1_kv {task.query}"), mesh=mesh,
+        fingerprint=cfg.fingerprint(), stop=cfg.stop, resume_stopped=True, eval_fn=eval_fn,
         meta={"config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "labels": labels},
         sample=lambda seed, k, b: kv.sample(step_key(seed, k), task, dictionary, b[0], b[1]),
         stage=lambda k: lb.bucket_for_step(bounds, base_seed, int(k), salt=kv.BUCKET_SALT))

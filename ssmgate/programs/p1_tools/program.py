@@ -49,6 +49,7 @@ from ssmgate.train import lm_runs
 from ssmgate.train import loop, mesh as meshlib, optim, sweep
 from ssmgate.train.cell_store import CellStore
 from ssmgate.train.checkpoint import CheckpointError, Checkpointer
+from ssmgate.train.compile_step import TrainPlan
 from ssmgate.train.experiment import run_experiment
 from ssmgate.train.lm_runs import text_loss
 from ssmgate.train.run_dir import RunDir, say
@@ -262,6 +263,13 @@ def _held_out_loss(model, data: tpr.ToolData, cfg: P1ToolsCfg):
     return eval_fn
 
 
+def training_plan(cfg: P1ToolsCfg) -> TrainPlan:
+    """The sweep's step (the run's and `python -m ssmgate.aot`'s); its largest batch: rows of --tools_seq_len."""
+    replicas = tuple(sweep.Replica(cfg.seed, cfg.optim.lr, o) for o in cfg.gate_offsets)
+    return TrainPlan(cfg.model, cfg.optim, replicas, text_loss, cfg.mesh, force_sweep=True,
+                     batch=lambda: LMBatch.shapes(cfg.tools.batch, cfg.tools.seq_len))
+
+
 def run(cfg: P1ToolsCfg, run_dir: str) -> dict:
     rd = RunDir(run_dir)
     start = time.perf_counter()
@@ -284,13 +292,11 @@ def run(cfg: P1ToolsCfg, run_dir: str) -> dict:
     say(f"[p1_tools] {len(train)} training / {len(test)} held-out questions ({len({e.name for e in test})} "
         f"held-out functions), shared pool of {len(data.index)} tools")
     base = load_base_params(cfg, init_run_dir(cfg, run_dir))
-    replicas = tuple(sweep.Replica(cfg.seed, cfg.optim.lr, o) for o in cfg.gate_offsets)
     labels = [f"s={_key(s)}" for s in cfg.gate_scales]
     trained = run_experiment(
-        rd, model=cfg.model, optim=cfg.optim, replicas=replicas, loss=text_loss, loop_cfg=cfg.loop,
-        mesh_cfg=cfg.mesh, fingerprint=cfg.fingerprint(),
+        rd, **training_plan(cfg).engine(), loop_cfg=cfg.loop, fingerprint=cfg.fingerprint(),
         meta={"config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "labels": labels},
-        eval_fn=lambda built: _held_out_loss(built.model, data, cfg), force_sweep=True, base_params=base,
+        eval_fn=lambda built: _held_out_loss(built.model, data, cfg), base_params=base,
         host_sample=lambda seed, k: tpr.sft_batch(data, t.batch, seed, k))
     built, result = trained.built, trained.result
     train_wall = time.perf_counter() - start

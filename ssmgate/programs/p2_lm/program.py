@@ -50,9 +50,11 @@ from ssmgate.models.lm import build_model
 from ssmgate.programs.p2_lm import long_eval as le
 from ssmgate.programs.p2_lm.long_eval import LongEvalCfg, evaluate
 from ssmgate.tasks import text_corpus, text_packing
+from ssmgate.tasks.synthetic_lm import LMBatch
 from ssmgate.tasks.tokenizers import load_tokenizer
 from ssmgate.train import lm_runs
 from ssmgate.train import loop, mesh as meshlib, optim, sweep
+from ssmgate.train.compile_step import TrainPlan
 from ssmgate.train.experiment import run_experiment
 from ssmgate.train.lm_runs import text_loss
 from ssmgate.train.run_dir import RunDir, say
@@ -257,12 +259,20 @@ def _validation_fn(model, data: TextData, cfg: TextCfg, curve: Optional[_Curve] 
     return eval_fn
 
 
+def training_plan(cfg: P2LMCfg) -> TrainPlan:
+    """The run's step (the run's and `python -m ssmgate.aot`'s): --batch rows of --seq_len tokens."""
+    if cfg.loop is None:
+        raise ConfigError(f"--init_official={cfg.init_official}: this run evaluates a converted checkpoint and has no "
+                          "training step to compile")
+    return TrainPlan(cfg.model, cfg.optim, (sweep.Replica(seed=cfg.seed, lr=cfg.optim.lr),), text_loss, cfg.mesh,
+                     batch=lambda: LMBatch.shapes(cfg.text.batch, cfg.text.seq_len))
+
+
 def train(cfg: P2LMCfg, rd: RunDir, data: TextData):
     """The training loop: (params, loop result)."""
     text = cfg.text
     trained = run_experiment(
-        rd, model=cfg.model, optim=cfg.optim, replicas=(sweep.Replica(seed=cfg.seed, lr=cfg.optim.lr),),
-        loss=text_loss, loop_cfg=cfg.loop, mesh_cfg=cfg.mesh, batch=text.batch, fingerprint=cfg.fingerprint(),
+        rd, **training_plan(cfg).engine(), loop_cfg=cfg.loop, batch=text.batch, fingerprint=cfg.fingerprint(),
         meta={"config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str))},
         eval_fn=lambda built: _validation_fn(built.model, data, text, _curve(cfg, data)),
         throughput=Throughput.for_lm(cfg.model, text.batch, text.seq_len),

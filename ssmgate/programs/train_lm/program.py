@@ -25,6 +25,7 @@ from ssmgate.models.config import ModelCfg
 from ssmgate.tasks import synthetic_lm
 from ssmgate.train import lm_runs
 from ssmgate.train import loop, mesh as meshlib, optim, sweep
+from ssmgate.train.compile_step import TrainPlan
 from ssmgate.train.experiment import run_experiment
 from ssmgate.train.run_dir import RunDir, say
 from ssmgate.train.throughput import Throughput
@@ -78,7 +79,7 @@ def data_args(cfg: TrainLMCfg) -> dict:
     task = cfg.task
     eval_keys = jax.random.split(synthetic_lm.step_key(cfg.replicas[0].seed + EVAL_SEED_OFFSET, 0), cfg.eval_batches)
     return dict(sample=lambda seed, k: synthetic_lm.sample(synthetic_lm.step_key(seed, k), task),
-                eval_batches=[synthetic_lm.sample(k, task) for k in eval_keys], force_sweep=cfg.force_sweep)
+                eval_batches=[synthetic_lm.sample(k, task) for k in eval_keys])
 
 
 def describe(cfg: TrainLMCfg) -> str:
@@ -93,12 +94,19 @@ def describe(cfg: TrainLMCfg) -> str:
     return "\n".join(lines + lm_runs.describe_mesh(cfg.model, cfg.mesh, cfg.task.batch))
 
 
+def training_plan(cfg: TrainLMCfg) -> TrainPlan:
+    """The run's step (the run's and `python -m ssmgate.aot`'s)."""
+    task = cfg.task
+    return TrainPlan(cfg.model, cfg.optim, cfg.replicas, synthetic_lm.lm_loss, cfg.mesh, force_sweep=cfg.force_sweep,
+                     batch=lambda: jax.eval_shape(lambda: synthetic_lm.sample(synthetic_lm.step_key(0, 0), task)))
+
+
 def run(cfg: TrainLMCfg, run_dir: str) -> dict:
     rd = RunDir(run_dir)
     labels = [r.label for r in cfg.replicas]
     trained = run_experiment(
-        rd, model=cfg.model, optim=cfg.optim, replicas=cfg.replicas, loss=synthetic_lm.lm_loss, loop_cfg=cfg.loop,
-        mesh_cfg=cfg.mesh, batch=cfg.task.batch, fingerprint=cfg.fingerprint(), throughput=throughput(cfg),
+        rd, **training_plan(cfg).engine(), loop_cfg=cfg.loop, batch=cfg.task.batch, fingerprint=cfg.fingerprint(),
+        throughput=throughput(cfg),
         meta={"config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "labels": labels},
         stop=cfg.stop if cfg.is_sweep and cfg.stop.metric else None, **data_args(cfg))
     result = trained.result

@@ -1,0 +1,81 @@
+"""Compile a flag file's training step for a TPU slice before paying for one:
+`python -m ssmgate.aot --flagfile=experiments/p2/lm_rope05.flags --topology=v5p-8 [--aot_json=FILE]`.
+
+The program builds its sharded step as its run would (ssmgate.train.compile_step), for the slice's
+compile-only devices (ssmgate.train.topology: `v5p-8`, `v5e-16`, `v6e-64`, `v4-32`, multi-host
+included, or libtpu's `v5e:4x4`), and the real XLA:TPU and Mosaic compilers compile it on this
+machine; nothing runs and no data is read. One table follows: devices and hosts, the mesh,
+parameters, memory per device against its HBM, whether it fits, the compile time, the compiler's
+FLOPs and its roofline estimate of the step as tokens/s and MFU (an estimate, not a measurement).
+
+Exit status: 0 when the step fits, 1 when it compiles but does not fit (the last line names the
+shortfall), 2 for a bad flag, a mesh the slice cannot hold, or a program without a training step.
+A compile error from XLA or Mosaic is raised as is: that is what the command is for.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from absl import app, flags
+
+from ssmgate import main as ssm_main
+from ssmgate.config_error import ConfigError
+from ssmgate.programs import registry
+
+flags.DEFINE_string("topology", None, "The TPU slice to compile for: v5p-8, v5e-16, v6e-64, v4-32 (Cloud TPU's "
+                    "names) or libtpu's <generation>:<chips per axis>, e.g. v5e:4x4.")
+flags.DEFINE_string("aot_json", None, "Also write the table's numbers to this JSON file.")
+FLAGS = flags.FLAGS
+AOT_FLAGS = ("topology", "aot_json")
+
+
+def compilable() -> list[str]:
+    """The programs with a training step to compile (a `training_plan` in their program module)."""
+    return [name for name, p in registry.PROGRAMS.items() if hasattr(p.module("program"), "training_plan")]
+
+
+def main(argv):
+    try:
+        _main(argv)
+    except (app.UsageError, ConfigError, ValueError) as e:
+        ssm_main.fail(str(e), ssm_main.EXIT_USAGE)
+
+
+def _main(argv):
+    from ssmgate.train import compile_step, topology
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected positional arguments {argv[1:]}; pass flags as --name=value")
+    if FLAGS.program is None:
+        raise app.UsageError(f"--program is required (or a --flagfile that sets it); one of "
+                             f"{', '.join(compilable())}")
+    if FLAGS.topology is None:
+        raise app.UsageError("--topology is required: the TPU slice to compile for, e.g. --topology=v5p-8")
+    unread = [n for n in ssm_main.unread_flags(FLAGS.program) if n not in AOT_FLAGS]
+    if unread:
+        raise app.UsageError(f"{', '.join('--' + n for n in unread)}: not flags of --program={FLAGS.program}")
+    topo = topology.parse(FLAGS.topology)
+    program = registry.PROGRAMS[FLAGS.program]
+    plan_of = getattr(program.module("program"), "training_plan", None)
+    if plan_of is None:
+        raise app.UsageError(f"--program={FLAGS.program} has no training step to compile; programs with one: "
+                             f"{', '.join(compilable())}")
+    # The configuration as --dry_run reads it: a corpus, tokenizer or checkpoint need not be here.
+    FLAGS.dry_run = True
+    cfg = program.flags.config_from_flags()
+    plan = plan_of(cfg)
+    print(f"[ssmgate.aot] compiling the {FLAGS.program} step for {topo.name} ({topo.libtpu_name}) ...", flush=True)
+    try:
+        report = compile_step.compile_plan(plan, topo)
+    except ValueError as e:  # the mesh flags or the batch against the slice's devices
+        raise ConfigError(f"--topology={topo.name}: {e}") from None
+    print(compile_step.table(report), flush=True)
+    if FLAGS.aot_json:
+        with open(FLAGS.aot_json, "w") as f:
+            json.dump({"program": FLAGS.program, **report}, f, indent=1)
+    if not report["fits"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=ssm_main.parse_flags)

@@ -1,0 +1,160 @@
+"""A program's sharded training step compiled for a TPU slice without running it (`python -m ssmgate.aot`).
+
+A program describes its step as a `TrainPlan`: the model, optimizer, replicas, loss and mesh it
+passes to `run_experiment`, and its largest batch as shapes (no data is read: a paper's corpus
+need not be here). `compile_plan` builds that run with `lm_runs.build_run` on the slice's
+compile-only devices, exactly as a run on the pod would build it, lowers the jitted step with the
+state's shardings and compiles it with the real XLA:TPU (and, for the cores' kernels, Mosaic)
+compiler.
+
+The compiled program's memory analysis is per device: arguments (the state and the batch),
+outputs, the outputs that alias donated arguments (the new state reuses the old one's buffers),
+and temporaries. What a device holds at the step's peak is arguments + outputs - aliased +
+temporaries, compared with the device's HBM. The compiler's cost analysis gives FLOPs and HBM bytes
+per device; their roofline (the slower of FLOPs at the peak rate and bytes at the HBM bandwidth) is
+the step time reported as tokens/s and MFU. It is the compiler's estimate, not a measurement:
+communication between chips is not in it, and a Mosaic kernel's FLOPs are invisible to XLA's count
+(its operands' bytes are counted).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from typing import Any, Callable
+
+import jax
+
+from ssmgate.cores import auto
+from ssmgate.cores.pallas import ssd
+from ssmgate.models import presets
+from ssmgate.models.config import ModelCfg
+from ssmgate.train import lm_runs, mesh as meshlib, optim, topology
+from ssmgate.train.throughput import model_flops
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainPlan:
+    """What a program's training step is made of, without its data."""
+    model: ModelCfg
+    optim: optim.OptimCfg
+    replicas: tuple
+    loss: Callable
+    mesh: meshlib.MeshCfg
+    batch: Callable[[], Any]   # () -> one replica's largest batch as jax.ShapeDtypeStructs
+    force_sweep: bool = False
+
+    def engine(self) -> dict:
+        """The arguments of `run_experiment` that make the step (the program adds its data)."""
+        return dict(model=self.model, optim=self.optim, replicas=self.replicas, loss=self.loss, mesh_cfg=self.mesh,
+                    force_sweep=self.force_sweep)
+
+
+def _never(seed, k):
+    raise AssertionError("a compile-only run reads no batch")
+
+
+def _leading(struct, n: int):
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct((n, *s.shape), s.dtype), struct)
+
+
+def compile_plan(plan: TrainPlan, topo: topology.Topology) -> dict:
+    """Compiles the plan's step for `topo`; the table's numbers (per device unless named otherwise).
+    A mesh the slice's devices cannot hold, or a batch its data axis does not split, is a ValueError."""
+    devices = topology.devices(topo.libtpu_name)
+    mesh = meshlib.make_mesh(plan.mesh, devices)
+    one = plan.batch()
+    rows, seq_len = one.inputs.shape[:2]
+    meshlib.check_batch(rows, mesh.shape["data"])
+    with auto.for_backend("tpu"), ssd.partitioned_over(len(devices)):
+        built = lm_runs.build_run(plan.model, plan.optim, plan.replicas, loss=plan.loss, eval_batches=(), mesh=mesh,
+                                  mode=plan.mesh.params, force_sweep=plan.force_sweep, host_sample=_never)
+        n_rep = len(plan.replicas)
+        batch = _leading(one, n_rep) if built.is_sweep else one
+        start = time.perf_counter()
+        lowered = built.step.lower(built.abstract, batch)
+        try:
+            compiled = lowered.compile()
+        except jax.errors.JaxRuntimeError as e:
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            compiled, refusal = None, " ".join(str(e).split())
+        compile_s = time.perf_counter() - start
+    per_chip = len(devices) // topo.chips
+    hbm = topo.chip.hbm_bytes // per_chip
+    peak = topo.peak_flops_per_chip / per_chip
+    bandwidth = topo.chip.hbm_bytes_per_s / per_chip
+    tokens = rows * seq_len * n_rep
+    head = {
+        "topology": topo.name, "libtpu_topology": topo.libtpu_name, "generation": topo.generation,
+        "devices": len(devices), "hosts": len({d.process_index for d in devices}), "chips": topo.chips,
+        "mesh": {k: int(v) for k, v in mesh.shape.items()}, "params": presets.param_count(plan.model),
+        "replicas": n_rep, "batch_rows": int(rows), "seq_len": int(seq_len), "tokens_per_step": int(tokens),
+        "hbm_bytes": int(hbm), "compile_s": compile_s}
+    if compiled is None:  # the compiler's own verdict: the program cannot be placed in HBM
+        return {**head, "fits": False, "refusal": refusal, "temp_bytes": _stated_bytes(refusal)}
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    held = (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
+            + memory.temp_size_in_bytes)
+    flops, moved = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+    step_s = max(flops / peak, moved / bandwidth)
+    useful = model_flops(plan.model, rows, seq_len) * n_rep
+    return {
+        **head, "argument_bytes": int(memory.argument_size_in_bytes), "output_bytes": int(memory.output_size_in_bytes),
+        "alias_bytes": int(memory.alias_size_in_bytes), "temp_bytes": int(memory.temp_size_in_bytes),
+        "held_bytes": int(held), "fits": held <= hbm,
+        "xla_flops": flops, "xla_bytes": moved, "estimated_step_s": step_s,
+        "estimated_tokens_per_s": tokens / step_s if step_s > 0 else None,
+        "estimated_mfu": useful / (step_s * peak * len(devices)) if step_s > 0 else None,
+        "mosaic_kernels": compiled.as_text().count('custom_call_target="tpu_custom_call"'),
+    }
+
+
+def _stated_bytes(message: str) -> int | None:
+    """The temporaries XLA's refusal states ('... HLO temporaries (1.51T) exceeds ...'), in bytes."""
+    m = re.search(r"temporaries \(([0-9.]+)([KMGTP]?)\)", message)
+    return None if m is None else int(float(m.group(1)) * 1024 ** " KMGTP".index(m.group(2) or " "))
+
+
+def table(r: dict) -> str:
+    """The report of `compile_plan` as one table, and the shortfall in one line where it does not fit."""
+    gib = lambda b: (f"{b / 2**40:.2f} TiB" if b >= 2**40 else f"{b / topology.GIB:.2f} GiB" if b >= topology.GIB
+                     else f"{b / 2**20:.1f} MiB")
+    reps = f" x {r['replicas']} replicas" if r["replicas"] > 1 else ""
+    rows = [
+        ("topology", f"{r['topology']} ({r['libtpu_topology']}): {r['chips']} chips, {r['devices']} devices, "
+                     f"{r['hosts']} host{'s' * (r['hosts'] != 1)}"),
+        ("mesh", " x ".join(f"{k} {v}" for k, v in r["mesh"].items())),
+        ("parameters", f"{r['params']:,}{reps}"),
+        ("step", f"{r['batch_rows']} rows x {r['seq_len']} tokens{reps}"),
+        ("compile time", f"{r['compile_s']:.1f} s"),
+    ]
+    if "refusal" in r:
+        need = "" if r["temp_bytes"] is None else f"temporaries alone {gib(r['temp_bytes'])}, "
+        rows.append(("held at peak / device", f"{need}more than the {gib(r['hbm_bytes'])} of HBM: does not fit"))
+    else:
+        est = r["estimated_step_s"]
+        rows += [
+            ("arguments / device", gib(r["argument_bytes"])),
+            ("temporaries / device", gib(r["temp_bytes"])),
+            ("outputs / device", f"{gib(r['output_bytes'])} ({gib(r['alias_bytes'])} in donated arguments)"),
+            ("held at peak / device", f"{gib(r['held_bytes'])} of {gib(r['hbm_bytes'])} HBM: "
+                                      f"{'fits' if r['fits'] else 'does not fit'}"),
+            ("compiler FLOPs / device", f"{r['xla_flops']:.3e}" + (
+                f" (and {r['mosaic_kernels']} Mosaic kernel calls it does not count)" if r["mosaic_kernels"] else "")),
+            ("compiler's estimate", "no FLOPs or bytes counted" if not est else
+             f"{est * 1e3:.1f} ms a step, {r['estimated_tokens_per_s']:,.0f} tokens/s, MFU {r['estimated_mfu']:.1%} "
+             "(roofline of its FLOPs and bytes; no communication; not a measurement)"),
+        ]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"  {k.ljust(width)}  {v}" for k, v in rows]
+    if "refusal" in r:
+        lines.append(f"does not fit: the compiler refused the step for a {r['generation']} device "
+                     f"({gib(r['hbm_bytes'])} of HBM): {r['refusal']}")
+    elif not r["fits"]:
+        lines.append(f"does not fit: {gib(r['held_bytes'])} held per device at the step's peak, "
+                     f"{gib(r['held_bytes'] - r['hbm_bytes'])} more than the {gib(r['hbm_bytes'])} of HBM a "
+                     f"{r['generation']} device has")
+    return "\n".join(lines)
