@@ -13,8 +13,9 @@ and temporaries. What a device holds at the step's peak is arguments + outputs -
 temporaries, compared with the device's HBM. The compiler's cost analysis gives FLOPs and HBM bytes
 per device; their roofline (the slower of FLOPs at the peak rate and bytes at the HBM bandwidth) is
 the step time reported as tokens/s and MFU. It is the compiler's estimate, not a measurement:
-communication between chips is not in it, and a Mosaic kernel's FLOPs are invisible to XLA's count
-(its operands' bytes are counted).
+communication between chips is not in it, a Mosaic kernel's FLOPs are invisible to XLA's count
+(its operands' bytes are counted), and XLA counts a loop's body once, so a step in microbatches
+(--mesh_microbatches, ssmgate.train.step) reports k times its count.
 """
 from __future__ import annotations
 
@@ -65,10 +66,11 @@ def compile_plan(plan: TrainPlan, topo: topology.Topology) -> dict:
     mesh = meshlib.make_mesh(plan.mesh, devices)
     one = plan.batch()
     rows, seq_len = one.inputs.shape[:2]
-    meshlib.check_batch(rows, mesh.shape["data"])
+    meshlib.check_batch(rows, mesh.shape["data"], plan.mesh.microbatches)
     with auto.for_backend("tpu"), ssd.partitioned_over(len(devices)):
         built = lm_runs.build_run(plan.model, plan.optim, plan.replicas, loss=plan.loss, eval_batches=(), mesh=mesh,
-                                  mode=plan.mesh.params, force_sweep=plan.force_sweep, host_sample=_never)
+                                  mode=plan.mesh.params, force_sweep=plan.force_sweep, host_sample=_never,
+                                  microbatches=plan.mesh.microbatches)
         n_rep = len(plan.replicas)
         batch = _leading(one, n_rep) if built.is_sweep else one
         start = time.perf_counter()
@@ -90,7 +92,7 @@ def compile_plan(plan: TrainPlan, topo: topology.Topology) -> dict:
         "devices": len(devices), "hosts": len({d.process_index for d in devices}), "chips": topo.chips,
         "mesh": {k: int(v) for k, v in mesh.shape.items()}, "params": presets.param_count(plan.model),
         "replicas": n_rep, "batch_rows": int(rows), "seq_len": int(seq_len), "tokens_per_step": int(tokens),
-        "hbm_bytes": int(hbm), "compile_s": compile_s}
+        "hbm_bytes": int(hbm), "compile_s": compile_s, "microbatches": plan.mesh.microbatches}
     if compiled is None:  # the compiler's own verdict: the program cannot be placed in HBM
         return {**head, "fits": False, "refusal": refusal, "temp_bytes": _stated_bytes(refusal)}
     memory = compiled.memory_analysis()
@@ -98,7 +100,10 @@ def compile_plan(plan: TrainPlan, topo: topology.Topology) -> dict:
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     held = (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
             + memory.temp_size_in_bytes)
-    flops, moved = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+    # XLA counts a loop's body once: with microbatches, the step's gradient loop runs it k times (the
+    # optimizer's update outside it is then over-counted k times; it is small beside the model's).
+    k = plan.mesh.microbatches
+    flops, moved = k * float(cost.get("flops", 0.0)), k * float(cost.get("bytes accessed", 0.0))
     step_s = max(flops / peak, moved / bandwidth)
     useful = model_flops(plan.model, rows, seq_len) * n_rep
     return {
@@ -128,7 +133,8 @@ def table(r: dict) -> str:
                      f"{r['hosts']} host{'s' * (r['hosts'] != 1)}"),
         ("mesh", " x ".join(f"{k} {v}" for k, v in r["mesh"].items())),
         ("parameters", f"{r['params']:,}{reps}"),
-        ("step", f"{r['batch_rows']} rows x {r['seq_len']} tokens{reps}"),
+        ("step", f"{r['batch_rows']} rows x {r['seq_len']} tokens{reps}"
+                 + (f" in {r['microbatches']} microbatches" if r.get("microbatches", 1) > 1 else "")),
         ("compile time", f"{r['compile_s']:.1f} s"),
     ]
     if "refusal" in r:
@@ -143,6 +149,8 @@ def table(r: dict) -> str:
             ("held at peak / device", f"{gib(r['held_bytes'])} of {gib(r['hbm_bytes'])} HBM: "
                                       f"{'fits' if r['fits'] else 'does not fit'}"),
             ("compiler FLOPs / device", f"{r['xla_flops']:.3e}" + (
+                f" ({r['microbatches']} x its count of the microbatch loop's body)" if r["microbatches"] > 1 else "")
+             + (
                 f" (and {r['mosaic_kernels']} Mosaic kernel calls it does not count)" if r["mosaic_kernels"] else "")),
             ("compiler's estimate", "no FLOPs or bytes counted" if not est else
              f"{est * 1e3:.1f} ms a step, {r['estimated_tokens_per_s']:,.0f} tokens/s, MFU {r['estimated_mfu']:.1%} "

@@ -22,7 +22,7 @@ def make_mesh(mesh_cfg: meshlib.MeshCfg, batch: Optional[int] = None):
     try:
         mesh = meshlib.make_mesh(mesh_cfg)
         if batch is not None:
-            meshlib.check_batch(batch, mesh.shape["data"])
+            meshlib.check_batch(batch, mesh.shape["data"], mesh_cfg.microbatches)
     except ValueError as e:  # the mesh flags against the devices this run has
         raise ConfigError(str(e)) from None
     return mesh
@@ -54,7 +54,8 @@ def run_experiment(run_dir: RunDir, *, model, optim, replicas, loss: Callable, l
     if mesh is None:
         mesh = make_mesh(mesh_cfg, batch)
     data.setdefault("eval_batches", ())
-    built = lm_runs.build_run(model, optim, replicas, loss=loss, mesh=mesh, mode=mesh_cfg.params, **data)
+    built = lm_runs.build_run(model, optim, replicas, loss=loss, mesh=mesh, mode=mesh_cfg.params,
+                              microbatches=mesh_cfg.microbatches, **data)
     stopping = {}
     if stop is not None:
         stopping = dict(after_eval=sweep.after_eval(stop, [r.label for r in replicas]), done_fn=sweep.all_stopped)

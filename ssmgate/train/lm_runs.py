@@ -53,7 +53,7 @@ def describe_mesh(model_cfg: ModelCfg, mesh_cfg: meshlib.MeshCfg, batch: int | N
     try:
         mesh, note = meshlib.mesh_for_description(mesh_cfg)
         if batch is not None:
-            meshlib.check_batch(batch, mesh.shape["data"])
+            meshlib.check_batch(batch, mesh.shape["data"], mesh_cfg.microbatches)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     params = presets.param_shapes(model_cfg)
@@ -86,7 +86,7 @@ class Run:
 def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sample: Callable | None = None,
               loss: Callable, eval_batches, mesh, mode: str, force_sweep: bool = False,
               stage: Callable | None = None, host_sample: Callable | None = None,
-              global_batch: Callable | None = None, base_params=None) -> Run:
+              global_batch: Callable | None = None, base_params=None, microbatches: int = 1) -> Run:
     """sample(seed, k) -> batch of step k for a replica seeded `seed` (jittable in k);
     loss(logits, batch) -> (loss, metrics); the evaluation is the mean of loss and metrics over
     the fixed `eval_batches`.
@@ -106,7 +106,10 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
     length or a length bucket) the sampler is `sample(seed, k, s)` with s static. Each stage compiles
     its own batch function and train step once, so a length curriculum or bucketed lengths pay for
     the padding of their stage, not of the longest sequence. Every replica of a sweep shares the
-    stage of step k (one array shape per step)."""
+    stage of step k (one array shape per step).
+
+    microbatches: each step's gradient accumulated over this many slices of its batch
+    (ssmgate.train.step: the activations of one slice at a time)."""
     if sum(x is not None for x in (sample, host_sample, global_batch)) != 1:
         raise ValueError("build_run: pass exactly one of sample (jittable), host_sample (numpy) and global_batch "
                          "(global arrays)")
@@ -117,7 +120,7 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
     tx = optim.make_optimizer(optim_cfg)
     loss_fn = lm_loss_fn(model, loss)
     evaluate = mean_metrics(lambda params, batch: loss_fn(params, batch, None), eval_batches)
-    step = make_train_step(loss_fn, tx, compute_dtype=jnp.dtype(model_cfg.dtype))
+    step = make_train_step(loss_fn, tx, compute_dtype=jnp.dtype(model_cfg.dtype), microbatches=microbatches)
     init = init_params_fn(model, model_cfg, base_params=base_params)
     is_sweep = len(replicas) > 1 or force_sweep
     if is_sweep and global_batch is not None:

@@ -80,9 +80,10 @@ class MeshCfg:
     data: int = -1          # -1: all devices left after replica and model
     model: int = 1
     params: str = "replicated"  # one of MODES
+    microbatches: int = 1   # the step's batch in this many slices, gradients accumulated (train/step.py)
 
     def validate(self) -> "MeshCfg":
-        for field in ("replica", "model"):
+        for field in ("replica", "model", "microbatches"):
             if getattr(self, field) < 1:
                 raise ValueError(f"--mesh_{field}={getattr(self, field)}: expected an integer >= 1")
         if self.data != -1 and self.data < 1:
@@ -104,11 +105,15 @@ class MeshCfg:
         return r, d, m
 
 
-def check_batch(batch: int, data: int) -> None:
-    """A global batch must split evenly over the `data` axis (each device its own rows)."""
+def check_batch(batch: int, data: int, microbatches: int = 1) -> None:
+    """A global batch must split evenly over the `data` axis (each device its own rows), and each
+    device's rows into the step's microbatches."""
     if data > 0 and batch % data:
         raise ValueError(f"--batch={batch} does not split over the data axis of {data} devices "
                          f"(--mesh_data={data}): expected a multiple of {data}")
+    if microbatches > 1 and batch % (max(data, 1) * microbatches):
+        raise ValueError(f"--batch={batch} does not split into --mesh_microbatches={microbatches} on each of the "
+                         f"{max(data, 1)} devices of the data axis: expected a multiple of {max(data, 1) * microbatches}")
 
 
 def make_mesh(cfg: MeshCfg, devices=None) -> Mesh:

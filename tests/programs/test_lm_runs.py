@@ -29,3 +29,27 @@ def test_staged_sweep_vmaps_the_replica_seeds():
     batch_fn = lm_runs.staged(lambda fn: lambda k: jax.vmap(fn, (0, None))(seeds, k),
                               lambda seed, k, w: jnp.zeros(w, jnp.uint32) + seed * 10 + k, lambda k: 3, None)
     np.testing.assert_array_equal(batch_fn(4), [[14] * 3, [24] * 3])
+
+
+def test_a_sweep_with_microbatches_on_a_mesh_trains_as_without():
+    """A sweep of two replicas with 4 microbatches a step: the same losses over 3 steps as without."""
+    from ssmgate.models.config import ModelCfg
+    from ssmgate.tasks import synthetic_lm
+    from ssmgate.train import mesh as meshlib
+    from ssmgate.train.optim import OptimCfg
+    from ssmgate.train.sweep import Replica
+    task = synthetic_lm.SyntheticCfg(task="copy", batch=8, seq_len=16, vocab_size=16)
+    model = ModelCfg(block="mamba2", vocab_size=16, d_model=32, n_layers=1, d_state=8, headdim=8, expand=1)
+    mesh = meshlib.make_mesh(meshlib.MeshCfg(data=-1), jax.devices()[:1])
+    losses = {}
+    for k in (1, 4):
+        run = lm_runs.build_run(model, OptimCfg(lr=1e-2, total_steps=3), (Replica(0, 1e-2), Replica(1, 1e-2)),
+                                loss=synthetic_lm.lm_loss, eval_batches=(), mesh=mesh, mode="replicated",
+                                microbatches=k, sample=lambda seed, i: synthetic_lm.sample(synthetic_lm.step_key(seed, i),
+                                                                                           task))
+        state, out = run.init_state(), []
+        for i in range(3):
+            state, metrics = run.step(state, run.batch_fn(i))
+            out.append(np.asarray(metrics["loss"]))
+        losses[k] = np.stack(out)
+    np.testing.assert_allclose(losses[4], losses[1], rtol=2e-5)

@@ -76,6 +76,16 @@ def test_a_sweep_compiles_with_its_replicas_on_the_replica_axis():
 
 @needs_libtpu
 @pytest.mark.filterwarnings(*WARNINGS)
+def test_microbatches_shrink_the_temporaries_at_the_same_counted_work():
+    one, four = (compile_step.compile_plan(_plan(batch=32, seq_len=256, mesh=MeshCfg(params="fsdp", microbatches=k)),
+                                           topology.parse("v5e-4")) for k in (1, 4))
+    assert four["microbatches"] == 4 and "in 4 microbatches" in compile_step.table(four)
+    assert four["temp_bytes"] < 0.5 * one["temp_bytes"]
+    assert four["xla_flops"] == pytest.approx(one["xla_flops"], rel=0.2)  # the loop's body counted 4 times
+
+
+@needs_libtpu
+@pytest.mark.filterwarnings(*WARNINGS)
 def test_a_step_the_compiler_cannot_place_is_reported_as_not_fitting():
     """v5e has 16 GiB a chip; a row of 131,072 tokens a device with a 32k vocabulary has 16 GiB of float32
     log-probabilities alone."""

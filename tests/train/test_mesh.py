@@ -281,3 +281,10 @@ def test_replica_sweep_matches_separate_runs(sharded_run):
 
 if __name__ == "__main__":
     sharded_training_main()
+
+
+def test_a_batch_must_split_into_each_devices_microbatches():
+    from ssmgate.train.mesh import check_batch
+    check_batch(64, 4, 8)  # 16 rows a device, 2 a slice
+    with pytest.raises(ValueError, match="--mesh_microbatches=8 on each of the 4 devices.*multiple of 32"):
+        check_batch(48, 4, 8)

@@ -130,3 +130,41 @@ def test_eval_step_uses_state_params_in_compute_dtype():
     state = fresh_state(make_optimizer(CFG))
     out = make_eval_step(metric_fn, compute_dtype=jnp.bfloat16)(state, batch())
     assert out["dtype_bits"] == 16 and np.isfinite(float(out["loss"]))
+
+
+def _masked_lm_loss(params, batch, rng):
+    """A mean over the scored tokens (mask), as the programs' losses are."""
+    del rng
+    pred = batch.inputs @ params["w"]
+    err = jnp.sum((pred - batch.targets) ** 2, axis=-1) * batch.mask
+    loss = err.sum() / jnp.maximum(batch.mask.sum(), 1.0)
+    return loss, {"scored": batch.mask.sum()}
+
+
+def test_microbatches_give_the_whole_batchs_update_with_unequal_masks():
+    """4 slices of 8 rows whose masks score different numbers of tokens: the same loss, gradient and
+    update as the whole batch (to float32 rounding)."""
+    from ssmgate.tasks.synthetic_lm import LMBatch
+    rng = np.random.default_rng(0)
+    f32 = lambda a: jnp.asarray(a, jnp.float32)
+    keep = [[0.9], [0.1], [0.5], [1.0], [0.3], [0.7], [0.2], [0.6]]
+    b = LMBatch(f32(rng.normal(size=(8, 3, 4))), f32(rng.normal(size=(8, 3, 2))), f32(rng.random((8, 3)) < keep))
+    tx = make_optimizer(dataclasses.replace(CFG, clip_norm=0.0))
+    state = TrainState.create({"w": f32(rng.normal(size=(4, 2)))}, tx, jax.random.key(0))
+    whole = make_train_step(_masked_lm_loss, tx)
+    sliced = make_train_step(_masked_lm_loss, tx, microbatches=4)
+    (s1, m1), (s2, m2) = jax.jit(whole)(state, b), jax.jit(sliced)(state, b)
+    assert float(m1["scored"]) != 0 and float(m2["loss"]) > 0
+    np.testing.assert_allclose(m2["loss"], m1["loss"], rtol=1e-6)
+    np.testing.assert_allclose(m2["grad_norm"], m1["grad_norm"], rtol=1e-6)
+    np.testing.assert_allclose(s2.params["w"], s1.params["w"], rtol=1e-6)
+    # an equal-weight mean of the slices' losses would differ: the weights matter here
+    per_slice = [float(_masked_lm_loss(state.params, jax.tree.map(lambda x: x[i::4], b), None)[0]) for i in range(4)]
+    assert abs(np.mean(per_slice) - float(m1["loss"])) > 1e-3
+
+
+def test_microbatches_that_do_not_split_the_batch_name_the_flag():
+    tx = make_optimizer(CFG)
+    step = make_train_step(loss_fn, tx, microbatches=3)
+    with pytest.raises(ValueError, match="--mesh_microbatches=3: a batch of 4 rows"):
+        step(fresh_state(tx), {"x": jnp.ones((4, 2)), "y": jnp.ones((4, 2)), "eps": jnp.ones((4,))})

@@ -120,7 +120,7 @@ class P2LMCfg:
         try:
             self.text.validate()
             self.long_eval.validate()
-            meshlib.check_batch(self.text.batch, self.mesh.data)  # -1 (all devices): checked by train()
+            meshlib.check_batch(self.text.batch, self.mesh.data, self.mesh.microbatches)  # -1 (all devices): checked by train()
         except ValueError as e:
             raise ConfigError(f"--{e}") from None
         # A tokenizer file is opened (and its vocabulary checked) when the run loads its data.

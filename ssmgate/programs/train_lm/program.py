@@ -68,7 +68,7 @@ class TrainLMCfg:
         if self.eval_batches < 1:
             raise ConfigError(f"--eval_batches={self.eval_batches}: expected >= 1")
         try:
-            meshlib.check_batch(self.task.batch, self.mesh.data)  # -1 (all devices): checked by run()
+            meshlib.check_batch(self.task.batch, self.mesh.data, self.mesh.microbatches)  # -1 (all devices): checked by run()
         except ValueError as e:
             raise ConfigError(str(e)) from None
         return self
