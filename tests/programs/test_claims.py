@@ -62,10 +62,13 @@ def test_every_check_of_the_committed_numbers_is_explained_and_claimed(experimen
 
 def test_ties_fail():
     """Orderings are strict: equal values never pass."""
-    tie_kv = {"lengen_accuracy": {"-6": {"128": 0.5}, "0": {"128": 0.666}, "2": {"128": 0.666}},
-              "lengen_memoriser_accuracy": 0.666, "lengen_n": "128"}
+    tie_kv = {"lengen_accuracy": {"-6": {"32": 0.9, "128": 0.5}, "0": {"32": 0.9, "128": 0.666},
+                                  "2": {"32": 0.666, "128": 0.666}},
+              "lengen_memoriser_accuracy": 0.666, "lengen_n": "128", "lengen_train_n": "32",
+              "transformer_lengen_accuracy": {"128": 0.666}}
     kv = p1_kv_report.checks({}, tie_kv)
-    assert kv["strongest_gate_strictly_best_at_4N"] is False and kv["strongest_gate_above_memoriser_at_4N"] is False
+    assert kv["strongest_gate_strictly_best_at_4N"] is False and kv["strongest_gate_retrieves_at_N"] is False
+    assert kv["strongest_gate_beats_transformer_at_4N"] is False
     tied_escapes = p1_kv_report.checks({}, {"escape_step": {"-6": [100], "0": [100], "2": [None]}})
     assert tied_escapes["escape_later_as_offset_grows"] is False
     horn = p1_horn_report.checks({"lengen_accuracy": {"-6": {"64": 0.4}, "0": {"64": 1.0}, "3": {"64": 1.0}},

@@ -14,8 +14,9 @@ CI bands, the Transformer beside) next to the paper's reference values (protocol
 Checks (`checks`; thresholds and their sources in check_bars.py; orderings strict, except that gates
 which never escape tie, as the paper's delta >= 0 gates do): the plateau against the memoriser, the
 escape order and the weakest gate's escape, Fig 2b's R^2 over the escapes of at least three offsets,
-and Fig 2c at 4N (the strongest gate strictly best, and above the memoriser's plateau: retrieval, not
-memory).
+and Fig 2c: at 4N the strongest gate strictly best and above the Transformer, and at the training
+length N above the memoriser's plateau (retrieval, not memory; a bar at 4N would fail the paper's own
+delta = +1, 0.35 against its memoriser's 0.43).
 """
 from __future__ import annotations
 
@@ -80,6 +81,7 @@ def collect(runs: dict) -> dict:
         entry["transformer_lengen_accuracy"] = {n: only[n]["mean"] for n in sorted(only, key=int)}
     if last:
         entry["lengen_n"] = _lengen_n(last)
+        entry["lengen_train_n"] = str(last["kv"]["n_max"])
         if last.get("memoriser_accuracy") is not None:  # (1 - eps)^m of the best-last task, not best-first's
             entry["lengen_memoriser_accuracy"] = last["memoriser_accuracy"]
     return entry
@@ -119,10 +121,19 @@ def checks(runs: dict, entry: dict) -> Checks:
                 f"P1 Fig 2c: at n = {n} pairs (4N) the strongest gate ({strongest}) scores strictly highest",
                 "P1 Fig 2c (an ordering: a tie fails)")
         memoriser = entry.get("lengen_memoriser_accuracy")  # absent from entries written before it was kept
-        if memoriser is not None:
-            out.add("strongest_gate_above_memoriser_at_4N", acc[strongest] > memoriser,
-                    f"P1 Fig 2c: the strongest gate's lead is retrieval, not memory: it scores above the "
-                    f"memoriser's plateau {memoriser:.3f} at n = {n}", "P1 Fig 2c (retrieval beats the static memoriser)")
+        at_n = entry["lengen_accuracy"][strongest].get(entry.get("lengen_train_n", ""))
+        if memoriser is not None and at_n is not None:
+            # Not a bar at 4N: the paper's own delta = +1 scores 0.35 there, below its memoriser's 0.43.
+            out.add("strongest_gate_retrieves_at_N", at_n > memoriser,
+                    f"P1 Fig 2c: the curves start from retrieval at the training length and degrade with n: at "
+                    f"n = N = {entry['lengen_train_n']} the strongest gate scores above the memoriser's plateau "
+                    f"{memoriser:.3f}, so its lead at 4N is a retrieval model's, not a memoriser's",
+                    "P1 Fig 2c (retrieval at the training length beats the static memoriser)")
+        tr = (entry.get("transformer_lengen_accuracy") or {}).get(n)
+        if tr is not None:
+            out.add("strongest_gate_beats_transformer_at_4N", acc[strongest] > tr,
+                    f"P1 Fig 2c: at n = {n} pairs (4N) the Transformer (≈ 0 in the paper) scores below the "
+                    f"strongest gate", "P1 Fig 2c (an ordering: a tie fails)")
     return out
 
 
