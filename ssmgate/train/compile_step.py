@@ -142,16 +142,17 @@ def table(r: dict) -> str:
         rows.append(("held at peak / device", f"{need}more than the {gib(r['hbm_bytes'])} of HBM: does not fit"))
     else:
         est = r["estimated_step_s"]
+        k = r.get("microbatches", 1)
+        loop_note = f" ({k} x its count of the microbatch loop's body)" if k > 1 else ""
+        kernel_note = (f" (and {r['mosaic_kernels']} Mosaic kernel calls it does not count)"
+                       if r["mosaic_kernels"] else "")
         rows += [
             ("arguments / device", gib(r["argument_bytes"])),
             ("temporaries / device", gib(r["temp_bytes"])),
             ("outputs / device", f"{gib(r['output_bytes'])} ({gib(r['alias_bytes'])} in donated arguments)"),
             ("held at peak / device", f"{gib(r['held_bytes'])} of {gib(r['hbm_bytes'])} HBM: "
                                       f"{'fits' if r['fits'] else 'does not fit'}"),
-            ("compiler FLOPs / device", f"{r['xla_flops']:.3e}" + (
-                f" ({r['microbatches']} x its count of the microbatch loop's body)" if r["microbatches"] > 1 else "")
-             + (
-                f" (and {r['mosaic_kernels']} Mosaic kernel calls it does not count)" if r["mosaic_kernels"] else "")),
+            ("compiler FLOPs / device", f"{r['xla_flops']:.3e}" + loop_note + kernel_note),
             ("compiler's estimate", "no FLOPs or bytes counted" if not est else
              f"{est * 1e3:.1f} ms a step, {r['estimated_tokens_per_s']:,.0f} tokens/s, MFU {r['estimated_mfu']:.1%} "
              "(roofline of its FLOPs and bytes; no communication; not a measurement)"),
