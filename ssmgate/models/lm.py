@@ -21,7 +21,7 @@ Gate parameters therefore live at  layers_{i}/mixer/A_log, layers_{i}/mixer/dt_b
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Callable, Optional
 
 import flax
 import flax.linen as nn
@@ -76,6 +76,13 @@ class LanguageModel(nn.Module):
     # Per-layer forward-time interventions (Mamba-3 only; ssmgate.interventions builds them):
     # None, or one PhaseHooks-or-None per layer.
     hooks: Optional[tuple] = None
+    # Rematerialisation: the backward pass recomputes each layer from its input instead of keeping
+    # its activations (jax.checkpoint); same parameters and outputs, memory for one more forward.
+    remat: bool = False
+    # Applied to the residual stream after the embedding and each layer, and to the logits: the
+    # training mesh pins their batch axis to its data axis (ssmgate.train.mesh.activation_constraint),
+    # where the compiler would otherwise gather the batch to meet FSDP-sharded weights. None: as is.
+    constrain: Optional[Callable] = None
 
     @nn.compact
     def __call__(self, tokens_bt, cache: Optional[list] = None):
@@ -91,12 +98,15 @@ class LanguageModel(nn.Module):
                              f"one entry per layer ({cfg.n_layers}), and interventions on 'mamba3' blocks only")
         embed = nn.Embed(cfg.vocab_size, cfg.d_model, embedding_init=embed_init, param_dtype=jnp.float32,
                          name="embed")
-        h_btd = embed(tokens_bt).astype(jnp.float32)
+        pin = self.constrain or (lambda x: x)
+        h_btd = pin(embed(tokens_bt).astype(jnp.float32))
         caches = []
+        block = nn.remat(block_class(cfg.block)) if self.remat else block_class(cfg.block)
         for i in range(cfg.n_layers):
             extra = {} if self.hooks is None or self.hooks[i] is None else {"hooks": self.hooks[i]}
-            h_btd, layer_cache = block_class(cfg.block)(cfg, name=f"layers_{i}", **extra)(
+            h_btd, layer_cache = block(cfg, name=f"layers_{i}", **extra)(
                 h_btd, None if cache is None else cache[i])
+            h_btd = pin(h_btd)
             caches.append(layer_cache)
         if cfg.block == "gpt_neox":
             final_norm = nn.LayerNorm(cfg.norm_eps, dtype=compute_dtype(cfg), param_dtype=jnp.float32,
@@ -112,7 +122,7 @@ class LanguageModel(nn.Module):
         # bf16 operands, float32 accumulation and result: the loss sees float32 logits.
         logits_btv = jnp.einsum("btd,dv->btv", h_btd, head_dv.astype(h_btd.dtype),
                                 preferred_element_type=jnp.float32)
-        return logits_btv, caches
+        return pin(logits_btv), caches
 
     def init_cache(self, batch: int, capacity: int) -> list:
         """Empty per-layer caches: a KVCache with `capacity` slots for each attention layer,

@@ -86,7 +86,8 @@ class Run:
 def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sample: Callable | None = None,
               loss: Callable, eval_batches, mesh, mode: str, force_sweep: bool = False,
               stage: Callable | None = None, host_sample: Callable | None = None,
-              global_batch: Callable | None = None, base_params=None, microbatches: int = 1) -> Run:
+              global_batch: Callable | None = None, base_params=None, microbatches: int = 1,
+              remat: bool = False) -> Run:
     """sample(seed, k) -> batch of step k for a replica seeded `seed` (jittable in k);
     loss(logits, batch) -> (loss, metrics); the evaluation is the mean of loss and metrics over
     the fixed `eval_batches`.
@@ -109,14 +110,15 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
     stage of step k (one array shape per step).
 
     microbatches: each step's gradient accumulated over this many slices of its batch
-    (ssmgate.train.step: the activations of one slice at a time)."""
+    (ssmgate.train.step: the activations of one slice at a time). remat: each layer's activations
+    recomputed in the backward pass (LanguageModel.remat), the same gradients for one more forward."""
     if sum(x is not None for x in (sample, host_sample, global_batch)) != 1:
         raise ValueError("build_run: pass exactly one of sample (jittable), host_sample (numpy) and global_batch "
                          "(global arrays)")
     if stage is not None and sample is None:
         raise ValueError("build_run: stage applies to a jittable sample; host_sample and global_batch batches have "
                          "one shape")
-    model = build_model(model_cfg)
+    model = build_model(model_cfg).clone(remat=remat, constrain=meshlib.activation_constraint(mesh))
     tx = optim.make_optimizer(optim_cfg)
     loss_fn = lm_loss_fn(model, loss)
     evaluate = mean_metrics(lambda params, batch: loss_fn(params, batch, None), eval_batches)

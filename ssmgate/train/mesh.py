@@ -81,6 +81,7 @@ class MeshCfg:
     model: int = 1
     params: str = "replicated"  # one of MODES
     microbatches: int = 1   # the step's batch in this many slices, gradients accumulated (train/step.py)
+    remat: bool = False     # recompute each layer's activations in the backward pass (models/lm.py)
 
     def validate(self) -> "MeshCfg":
         for field in ("replica", "model", "microbatches"):
@@ -243,6 +244,18 @@ def batch_sharding(mesh: Mesh, ndim: int = 1, *, replica_axis: bool = False) -> 
     prefix it serves every leaf of a batch pytree; `ndim` only spells out the trailing axes."""
     lead = ("replica", "data") if replica_axis else ("data",)
     return NamedSharding(mesh, P(*lead, *(None,) * max(ndim - 1, 0)))
+
+
+def activation_constraint(mesh: Mesh) -> Callable | None:
+    """x -> x with its leading (batch) axis on "data", the rest replicated, for a model's activations
+    (LanguageModel.constrain); None when the data axis is 1. Without it GSPMD may meet a weight
+    sharded over "data" (FSDP) by gathering the batch instead: a tied head then computes the whole
+    global batch's logits on every device (docs/benchmarks.md). Under a sweep's vmap the replica
+    axis stays the compiler's to place."""
+    if mesh.shape["data"] == 1:
+        return None
+    sharding = NamedSharding(mesh, P("data"))
+    return lambda x: jax.lax.with_sharding_constraint(x, sharding)
 
 
 def jit_step(step: Callable, state_shardings, batch_sharding: NamedSharding):

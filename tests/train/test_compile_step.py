@@ -86,6 +86,27 @@ def test_microbatches_shrink_the_temporaries_at_the_same_counted_work():
 
 @needs_libtpu
 @pytest.mark.filterwarnings(*WARNINGS)
+def test_activations_stay_split_over_the_data_axis():
+    """With FSDP weights and a tied head, GSPMD left to itself gathered the batch: each device computed the
+    global batch's logits, and the temporaries grew with the slice. Pinned (mesh.activation_constraint)
+    they shrink as the data axis grows at a fixed global batch, below one global batch's logits."""
+    small, large = (compile_step.compile_plan(_plan(vocab=8192, batch=16, seq_len=256), topology.parse(t))
+                    for t in ("v5e-4", "v5e-16"))
+    global_logits = 16 * 256 * 8192 * 4
+    assert large["temp_bytes"] < 0.5 * small["temp_bytes"] < 0.25 * global_logits
+
+
+@needs_libtpu
+@pytest.mark.filterwarnings(*WARNINGS)
+def test_remat_shrinks_the_temporaries_for_one_more_forward():
+    plain, remat = (compile_step.compile_plan(_plan(batch=32, seq_len=256, mesh=MeshCfg(params="fsdp", remat=r)),
+                                              topology.parse("v5e-4")) for r in (False, True))
+    assert remat["temp_bytes"] < 0.8 * plain["temp_bytes"]
+    assert plain["xla_flops"] < remat["xla_flops"] < 1.6 * plain["xla_flops"]
+
+
+@needs_libtpu
+@pytest.mark.filterwarnings(*WARNINGS)
 def test_a_step_the_compiler_cannot_place_is_reported_as_not_fitting():
     """v5e has 16 GiB a chip; a row of 131,072 tokens a device with a 32k vocabulary has 16 GiB of float32
     log-probabilities alone."""
