@@ -7,6 +7,9 @@ included, or libtpu's `v5e:4x4`), and the real XLA:TPU and Mosaic compilers comp
 machine; nothing runs and no data is read. One table follows: devices and hosts, the mesh,
 parameters, memory per device against its HBM, whether it fits, the compile time, the compiler's
 FLOPs and its roofline estimate of the step as tokens/s and MFU (an estimate, not a measurement).
+A run that evaluates a converted checkpoint instead of training (the official Mamba-3 interventions)
+compiles its window forwards, the native model's and each intervention's, for one device of the
+slice (ssmgate.train.compile_forward); their shape comes from the checkpoint's config.json.
 
 Exit status: 0 when the step fits, 1 when it compiles but does not fit (the last line names the
 shortfall), 2 for a bad flag, a mesh the slice cannot hold, or a program without a training step.
@@ -31,8 +34,10 @@ AOT_FLAGS = ("topology", "aot_json")
 
 
 def compilable() -> list[str]:
-    """The programs with a training step to compile (a `training_plan` in their program module)."""
-    return [name for name, p in registry.PROGRAMS.items() if hasattr(p.module("program"), "training_plan")]
+    """The programs with a training step (a `training_plan` in their program module) or an
+    evaluation's forward pass (a `forward_plan`) to compile."""
+    return [name for name, p in registry.PROGRAMS.items()
+            if any(hasattr(p.module("program"), f) for f in ("training_plan", "forward_plan"))]
 
 
 def main(argv):
@@ -43,7 +48,7 @@ def main(argv):
 
 
 def _main(argv):
-    from ssmgate.train import compile_step, topology
+    from ssmgate.train import compile_forward, compile_step, topology
     if len(argv) > 1:
         raise app.UsageError(f"unexpected positional arguments {argv[1:]}; pass flags as --name=value")
     if FLAGS.program is None:
@@ -56,17 +61,19 @@ def _main(argv):
         raise app.UsageError(f"{', '.join('--' + n for n in unread)}: not flags of --program={FLAGS.program}")
     topo = topology.parse(FLAGS.topology)
     program = registry.PROGRAMS[FLAGS.program]
-    plan_of = getattr(program.module("program"), "training_plan", None)
-    if plan_of is None:
+    if FLAGS.program not in compilable():
         raise app.UsageError(f"--program={FLAGS.program} has no training step to compile; programs with one: "
                              f"{', '.join(compilable())}")
-    # The configuration as --dry_run reads it: a corpus, tokenizer or checkpoint need not be here.
+    module = program.module("program")
+    # The configuration as --dry_run reads it: a corpus, tokenizer or weights need not be here.
     FLAGS.dry_run = True
     cfg = program.flags.config_from_flags()
-    plan = plan_of(cfg)
-    print(f"[ssmgate.aot] compiling the {FLAGS.program} step for {topo.name} ({topo.libtpu_name}) ...", flush=True)
+    forward = getattr(module, "forward_plan", lambda cfg: None)(cfg)
+    what = "step" if forward is None else "evaluation's forward pass"
+    print(f"[ssmgate.aot] compiling the {FLAGS.program} {what} for {topo.name} ({topo.libtpu_name}) ...", flush=True)
     try:
-        report = compile_step.compile_plan(plan, topo)
+        report = (compile_step.compile_plan(module.training_plan(cfg), topo) if forward is None
+                  else compile_forward.compile_forward(forward, topo))
     except ValueError as e:  # the mesh flags or the batch against the slice's devices
         raise ConfigError(f"--topology={topo.name}: {e}") from None
     print(compile_step.table(report), flush=True)

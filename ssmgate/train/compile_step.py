@@ -95,24 +95,33 @@ def compile_plan(plan: TrainPlan, topo: topology.Topology) -> dict:
         "hbm_bytes": int(hbm), "compile_s": compile_s, "microbatches": plan.mesh.microbatches}
     if compiled is None:  # the compiler's own verdict: the program cannot be placed in HBM
         return {**head, "fits": False, "refusal": refusal, "temp_bytes": _stated_bytes(refusal)}
+    # XLA counts a loop's body once: with microbatches, the step's gradient loop runs it k times (the
+    # optimizer's update outside it is then over-counted k times; it is small beside the model's).
+    useful = model_flops(plan.model, rows, seq_len) * n_rep
+    return {**head, **measure(compiled, hbm=hbm, peak=peak, bandwidth=bandwidth, tokens=tokens, useful_flops=useful,
+                              devices=len(devices), loops=plan.mesh.microbatches)}
+
+
+def measure(compiled, *, hbm: int, peak: float, bandwidth: float, tokens: int, useful_flops: float,
+            devices: int = 1, loops: int = 1) -> dict:
+    """A compiled program's memory per device (held at peak = arguments + outputs - aliased +
+    temporaries, against `hbm`), the compiler's FLOPs and bytes per device (times `loops` for a
+    loop's body, which XLA counts once) and their roofline at `peak` FLOP/s and `bandwidth` bytes/s
+    a device: the step time, as tokens/s and as MFU (`useful_flops` over the `devices`' peak)."""
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     held = (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
             + memory.temp_size_in_bytes)
-    # XLA counts a loop's body once: with microbatches, the step's gradient loop runs it k times (the
-    # optimizer's update outside it is then over-counted k times; it is small beside the model's).
-    k = plan.mesh.microbatches
-    flops, moved = k * float(cost.get("flops", 0.0)), k * float(cost.get("bytes accessed", 0.0))
+    flops, moved = loops * float(cost.get("flops", 0.0)), loops * float(cost.get("bytes accessed", 0.0))
     step_s = max(flops / peak, moved / bandwidth)
-    useful = model_flops(plan.model, rows, seq_len) * n_rep
     return {
-        **head, "argument_bytes": int(memory.argument_size_in_bytes), "output_bytes": int(memory.output_size_in_bytes),
+        "argument_bytes": int(memory.argument_size_in_bytes), "output_bytes": int(memory.output_size_in_bytes),
         "alias_bytes": int(memory.alias_size_in_bytes), "temp_bytes": int(memory.temp_size_in_bytes),
         "held_bytes": int(held), "fits": held <= hbm,
         "xla_flops": flops, "xla_bytes": moved, "estimated_step_s": step_s,
         "estimated_tokens_per_s": tokens / step_s if step_s > 0 else None,
-        "estimated_mfu": useful / (step_s * peak * len(devices)) if step_s > 0 else None,
+        "estimated_mfu": useful_flops / (step_s * peak * devices) if step_s > 0 else None,
         "mosaic_kernels": compiled.as_text().count('custom_call_target="tpu_custom_call"'),
     }
 
@@ -128,11 +137,15 @@ def table(r: dict) -> str:
     gib = lambda b: (f"{b / 2**40:.2f} TiB" if b >= 2**40 else f"{b / topology.GIB:.2f} GiB" if b >= topology.GIB
                      else f"{b / 2**20:.1f} MiB")
     reps = f" x {r['replicas']} replicas" if r["replicas"] > 1 else ""
+    forward = r.get("kind") == "forward"   # ssmgate.train.compile_forward's report
     rows = [
-        ("topology", f"{r['topology']} ({r['libtpu_topology']}): {r['chips']} chips, {r['devices']} devices, "
-                     f"{r['hosts']} host{'s' * (r['hosts'] != 1)}"),
+        ("topology", f"{r['topology']} ({r['libtpu_topology']}): {r['chips']} chips, "
+                     + ("one device of the slice (the evaluation is not sharded)" if forward else
+                        f"{r['devices']} devices, {r['hosts']} host{'s' * (r['hosts'] != 1)}")),
         ("mesh", " x ".join(f"{k} {v}" for k, v in r["mesh"].items())),
         ("parameters", f"{r['params']:,}{reps}"),
+        ("forward piece", f"{r['batch_rows']} windows x {r['seq_len']} tokens carrying the cache, for "
+                          f"{len(r['models'])} models: {', '.join(r['models'])} (the largest below)") if forward else
         ("step", f"{r['batch_rows']} rows x {r['seq_len']} tokens{reps}"
                  + (f" in {r['microbatches']} microbatches" if r.get("microbatches", 1) > 1 else "")),
         ("compile time", f"{r['compile_s']:.1f} s"),
@@ -154,7 +167,7 @@ def table(r: dict) -> str:
                                       f"{'fits' if r['fits'] else 'does not fit'}"),
             ("compiler FLOPs / device", f"{r['xla_flops']:.3e}" + loop_note + kernel_note),
             ("compiler's estimate", "no FLOPs or bytes counted" if not est else
-             f"{est * 1e3:.1f} ms a step, {r['estimated_tokens_per_s']:,.0f} tokens/s, MFU {r['estimated_mfu']:.1%} "
+             f"{est * 1e3:.1f} ms a {'piece' if forward else 'step'}, {r['estimated_tokens_per_s']:,.0f} tokens/s, MFU {r['estimated_mfu']:.1%} "
              "(roofline of its FLOPs and bytes; no communication; not a measurement)"),
         ]
     width = max(len(k) for k, _ in rows)
@@ -163,7 +176,7 @@ def table(r: dict) -> str:
         lines.append(f"does not fit: the compiler refused the step for a {r['generation']} device "
                      f"({gib(r['hbm_bytes'])} of HBM): {r['refusal']}")
     elif not r["fits"]:
-        lines.append(f"does not fit: {gib(r['held_bytes'])} held per device at the step's peak, "
+        lines.append(f"does not fit: {gib(r['held_bytes'])} held per device at the {'piece' if forward else 'step'}'s peak, "
                      f"{gib(r['held_bytes'] - r['hbm_bytes'])} more than the {gib(r['hbm_bytes'])} of HBM a "
                      f"{r['generation']} device has")
     return "\n".join(lines)

@@ -146,6 +146,28 @@ def test_the_command_compiles_a_flag_file_and_writes_its_numbers(tmp_path):
     assert report["program"] == "p1_kv" and report["fits"] and report["devices"] == 4
 
 
+@needs_libtpu
+def test_the_command_compiles_an_official_checkpoints_intervention_forwards(tmp_path):
+    """An evaluation run (the official interventions' files) has no step: its window forwards compile,
+    the native model's and each intervention's, with the shape of the checkpoint's config.json."""
+    from tests.interventions import upstream_mamba3 as up
+    config = up.make_config(dict(d_state=16, headdim=8), d_model=32, n_layer=2, vocab_size=258)
+    ckpt = up.write_checkpoint(tmp_path / "ckpt", config, up.random_state_dict(config))
+    out = tmp_path / "aot.json"
+    p = _aot("--flagfile=experiments/p2/interventions_official_siso.flags", f"--init_official={ckpt}",
+             "--tokenizer=byte", "--lm_windows=4096", "--bc_window=4096", "--piece_len=1024", "--window_batch=2",
+             "--topology=v5e-4", f"--aot_json={out}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "evaluation's forward pass" in p.stdout and "2 windows x 1024 tokens carrying the cache" in p.stdout
+    report = json.loads(out.read_text())
+    assert report["kind"] == "forward" and report["fits"] and report["devices"] == 1
+    assert set(report["models"]) == {"native", "phase_removal", "phase_reversal", "phase_shuffle",
+                                     "decay_permutation", "remove_B", "remove_C", "remove_both"}
+    assert report["held_bytes"] == max(m["held_bytes"] for m in report["models"].values()) > 0
+    missing = _aot("--flagfile=experiments/p2/interventions_official_siso.flags", "--topology=v5e-4", timeout=120)
+    assert missing.returncode == 2 and "the forward pass has the checkpoint's shape" in missing.stderr
+
+
 @pytest.mark.parametrize("args,message", [
     (("--flagfile=experiments/p1/quick/kv_best_first.flags", "--topology=v5p-6"), "counts TensorCores"),
     (("--flagfile=experiments/p1/quick/kv_best_first.flags",), "--topology is required"),

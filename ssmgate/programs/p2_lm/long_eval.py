@@ -155,6 +155,18 @@ def _window_cell(cfg: ModelCfg, params, wb: WindowBooks, size: int, ecfg: LongEv
     return {k: out[k] for k in ("ppl", "accuracy", "n_windows", "n_scored", "window_nll")}
 
 
+def forward_models(cfg: ModelCfg, ecfg: LongEvalCfg) -> dict:
+    """{label: model} of every window forward `evaluate` runs: the native model, each of
+    `ecfg.interventions` and, with a B/C window, each removal of the last scored positions (the
+    layer-window map and the diagnostics reuse these forwards on fewer layers or shorter text)."""
+    ivs = {"native": Intervention()}
+    if touches_phase(cfg):
+        ivs |= {k: Intervention(k, seed=ecfg.shuffle_seed) for k in ecfg.interventions}
+        if ecfg.bc_window is not None:
+            ivs |= {k: Intervention(k, last_k=ecfg.score_last) for k in BC_KINDS}
+    return {k: intervened_model(cfg, iv) for k, iv in ivs.items()}
+
+
 def window_ppl(cfg: ModelCfg, params, wb: WindowBooks, sizes: Sequence[int], ecfg: LongEvalCfg) -> dict:
     """{str(C): native windowed PPL} (the curve along training measures this at each of its steps)."""
     return {str(c): _window_cell(cfg, params, wb, c, ecfg, Intervention())["ppl"] for c in sizes}

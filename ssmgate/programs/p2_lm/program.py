@@ -54,6 +54,7 @@ from ssmgate.tasks.synthetic_lm import LMBatch
 from ssmgate.tasks.tokenizers import load_tokenizer
 from ssmgate.train import lm_runs
 from ssmgate.train import loop, mesh as meshlib, optim, sweep
+from ssmgate.train.compile_forward import ForwardPlan
 from ssmgate.train.compile_step import TrainPlan
 from ssmgate.train.experiment import run_experiment
 from ssmgate.train.lm_runs import text_loss
@@ -266,6 +267,21 @@ def training_plan(cfg: P2LMCfg) -> TrainPlan:
                           "training step to compile")
     return TrainPlan(cfg.model, cfg.optim, (sweep.Replica(seed=cfg.seed, lr=cfg.optim.lr),), text_loss, cfg.mesh,
                      batch=lambda: LMBatch.shapes(cfg.text.batch, cfg.text.seq_len))
+
+
+def forward_plan(cfg: P2LMCfg) -> Optional[ForwardPlan]:
+    """The forward pass of a run that evaluates a converted checkpoint (`python -m ssmgate.aot`): every
+    model of the long-context evaluation on --window_batch windows of --piece_len tokens; None for a
+    run that trains (its step is `training_plan`'s). Its shape is the checkpoint's config.json."""
+    if cfg.init_official is None:
+        return None
+    from ssmgate.interventions import convert_mamba3 as cv
+    if cv.read_config(cfg.init_official) is None:
+        raise ConfigError(f"--init_official={cfg.init_official}: no {cv.config_path(cfg.init_official)} here; the "
+                          "forward pass has the checkpoint's shape: expected upstream's config.json beside its weights")
+    ecfg = cfg.long_eval
+    return ForwardPlan(cfg.model, le.forward_models(cfg.model, ecfg), rows=ecfg.batch, piece_len=ecfg.piece_len,
+                       cache_len=max(ecfg.windows))
 
 
 def train(cfg: P2LMCfg, rd: RunDir, data: TextData):
