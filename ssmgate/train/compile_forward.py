@@ -46,15 +46,13 @@ def compile_forward(plan: ForwardPlan, topo: topology.Topology) -> dict:
     params = on_device(jax.eval_shape(lambda: init_params(plan.model, jax.random.PRNGKey(0))))
     tokens = jax.ShapeDtypeStruct((plan.rows, plan.piece_len), jnp.int32, sharding=one)
     weights = jax.ShapeDtypeStruct((plan.rows, plan.piece_len), jnp.float32, sharding=one)
-    per_chip = len(devices) // topo.chips
-    hbm = topo.chip.hbm_bytes // per_chip
-    peak, bandwidth = topo.peak_flops_per_chip / per_chip, topo.chip.hbm_bytes_per_s / per_chip
+    hbm, peak, bandwidth = topo.per_device(len(devices))
     n_tokens = plan.rows * plan.piece_len
     useful = model_flops(plan.model, plan.rows, plan.piece_len) / 3.0
     models, total_s = {}, 0.0
     with auto.for_backend("tpu"):
         for label, model in plan.models.items():
-            run = lm_eval._piece_fn(model)
+            run = lm_eval.piece_fn(model)
             cache = on_device(model.init_cache(plan.rows, plan.cache_len))
             start = time.perf_counter()
             first = run.lower(params, tokens, tokens, weights, cache).compile()

@@ -82,10 +82,7 @@ def compile_plan(plan: TrainPlan, topo: topology.Topology) -> dict:
                 raise
             compiled, refusal = None, " ".join(str(e).split())
         compile_s = time.perf_counter() - start
-    per_chip = len(devices) // topo.chips
-    hbm = topo.chip.hbm_bytes // per_chip
-    peak = topo.peak_flops_per_chip / per_chip
-    bandwidth = topo.chip.hbm_bytes_per_s / per_chip
+    hbm, peak, bandwidth = topo.per_device(len(devices))
     tokens = rows * seq_len * n_rep
     head = {
         "topology": topo.name, "libtpu_topology": topo.libtpu_name, "generation": topo.generation,
@@ -95,9 +92,9 @@ def compile_plan(plan: TrainPlan, topo: topology.Topology) -> dict:
         "hbm_bytes": int(hbm), "compile_s": compile_s, "microbatches": plan.mesh.microbatches}
     if compiled is None:  # the compiler's own verdict: the program cannot be placed in HBM
         return {**head, "fits": False, "refusal": refusal, "temp_bytes": _stated_bytes(refusal)}
+    useful = model_flops(plan.model, rows, seq_len) * n_rep
     # XLA counts a loop's body once: with microbatches, the step's gradient loop runs it k times (the
     # optimizer's update outside it is then over-counted k times; it is small beside the model's).
-    useful = model_flops(plan.model, rows, seq_len) * n_rep
     return {**head, **measure(compiled, hbm=hbm, peak=peak, bandwidth=bandwidth, tokens=tokens, useful_flops=useful,
                               devices=len(devices), loops=plan.mesh.microbatches)}
 

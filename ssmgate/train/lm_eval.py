@@ -21,7 +21,9 @@ from ssmgate.tasks import long_context as lc
 
 
 @functools.lru_cache(maxsize=16)  # one compiled piece function per model (modules hash by config)
-def _piece_fn(model):
+def piece_fn(model):
+    """The jitted forward of one piece: (params, inputs, targets, weights, cache) -> (weighted -log p,
+    weighted top-1 correct, cache); also what `compile_forward` compiles for a TPU slice."""
     @jax.jit
     def run(params, inputs_bt, targets_bt, weights_bt, cache):
         logits_btv, cache = model.apply({"params": params}, inputs_bt, cache)
@@ -49,7 +51,7 @@ def sequence_scores(model, params, tokens_bl: np.ndarray, weights_bl: np.ndarray
     padded = -(-n_targets // piece) * piece
     tokens_bl = np.pad(tokens_bl, ((0, 0), (0, padded - n_targets)))
     weights_bl = np.pad(np.asarray(weights_bl, np.float32), ((0, 0), (0, padded - n_targets)))
-    run = _piece_fn(model)
+    run = piece_fn(model)
     cache = model.init_cache(b, padded)
     nlls, corrects = [], []
     for lo in range(0, padded, piece):

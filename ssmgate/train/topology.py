@@ -66,6 +66,12 @@ class Topology:
     def peak_flops_per_chip(self) -> float:
         return peak_for_kind(self.chip.device_kind)
 
+    def per_device(self, n_devices: int) -> tuple[int, float, float]:
+        """(HBM bytes, peak FLOP/s, HBM bytes/s) of one of the slice's `n_devices` compile-only
+        devices: a chip's, or a v4 TensorCore's half of it."""
+        share = n_devices // self.chips
+        return self.chip.hbm_bytes // share, self.peak_flops_per_chip / share, self.chip.hbm_bytes_per_s / share
+
 
 def parse(name: str) -> Topology:
     """`v5p-8` (Cloud TPU) or `v5p:2x2x1` (libtpu) -> Topology; a ValueError names what is accepted."""
