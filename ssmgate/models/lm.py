@@ -1,6 +1,8 @@
 """Language-model stack: embedding, `cfg.n_layers` pre-norm residual blocks, final norm, head.
 
-`LanguageModel(cfg).__call__(tokens_bt, cache=None) -> (logits_btv float32, cache)`. `cache` is a
+`LanguageModel(cfg).__call__(tokens_bt, cache=None) -> (logits_btv float32, cache)`; with
+`head=False` the final-norm hidden states (b, t, d) in place of the logits, for a loss that applies
+the head itself (`head_matrix`, ssmgate.train.chunked_loss). `cache` is a
 list with one entry per layer (the mixer's or the attention's cache, None = start of sequence);
 the returned list continues the sequence, so running tokens in two pieces equals one run.
 Transformer layers need room for the whole sequence: start from `LanguageModel.init_cache`
@@ -85,7 +87,7 @@ class LanguageModel(nn.Module):
     constrain: Optional[Callable] = None
 
     @nn.compact
-    def __call__(self, tokens_bt, cache: Optional[list] = None):
+    def __call__(self, tokens_bt, cache: Optional[list] = None, head: bool = True):
         cfg = self.cfg
         if tokens_bt.ndim != 2 or not jnp.issubdtype(tokens_bt.dtype, jnp.integer):
             raise ValueError(f"LanguageModel: tokens have shape {tokens_bt.shape} and dtype {tokens_bt.dtype}; "
@@ -114,6 +116,8 @@ class LanguageModel(nn.Module):
         else:
             final_norm = RMSNorm(cfg.norm_eps, compute_dtype(cfg), name="final_norm")
         h_btd = final_norm(h_btd)
+        if not head:
+            return h_btd, caches
         if cfg.tie_embeddings:
             head_dv = embed.embedding.T
         else:
@@ -133,6 +137,11 @@ class LanguageModel(nn.Module):
         head_dim = cfg.d_model // cfg.n_heads
         return [KVCache.empty(batch, capacity, cfg.n_heads, head_dim, compute_dtype(cfg))
                 for _ in range(cfg.n_layers)]
+
+
+def head_matrix(cfg: ModelCfg, params) -> jax.Array:
+    """The head (d, vocab) of `params`: the embedding's transpose when tied, else lm_head/kernel."""
+    return params["embed"]["embedding"].T if cfg.tie_embeddings else params["lm_head"]["kernel"]
 
 
 def build_model(cfg: ModelCfg) -> LanguageModel:

@@ -70,7 +70,8 @@ def compile_plan(plan: TrainPlan, topo: topology.Topology) -> dict:
     with auto.for_backend("tpu"), ssd.partitioned_over(len(devices)):
         built = lm_runs.build_run(plan.model, plan.optim, plan.replicas, loss=plan.loss, eval_batches=(), mesh=mesh,
                                   mode=plan.mesh.params, force_sweep=plan.force_sweep, host_sample=_never,
-                                  microbatches=plan.mesh.microbatches, remat=plan.mesh.remat)
+                                  microbatches=plan.mesh.microbatches, remat=plan.mesh.remat,
+                                  loss_chunk=plan.mesh.loss_chunk)
         n_rep = len(plan.replicas)
         batch = _leading(one, n_rep) if built.is_sweep else one
         start = time.perf_counter()

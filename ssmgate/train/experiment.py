@@ -55,7 +55,8 @@ def run_experiment(run_dir: RunDir, *, model, optim, replicas, loss: Callable, l
         mesh = make_mesh(mesh_cfg, batch)
     data.setdefault("eval_batches", ())
     built = lm_runs.build_run(model, optim, replicas, loss=loss, mesh=mesh, mode=mesh_cfg.params,
-                              microbatches=mesh_cfg.microbatches, remat=mesh_cfg.remat, **data)
+                              microbatches=mesh_cfg.microbatches, remat=mesh_cfg.remat,
+                              loss_chunk=mesh_cfg.loss_chunk, **data)
     stopping = {}
     if stop is not None:
         stopping = dict(after_eval=sweep.after_eval(stop, [r.label for r in replicas]), done_fn=sweep.all_stopped)

@@ -21,16 +21,27 @@ from ssmgate.models.config import ModelCfg
 from ssmgate.config_error import ConfigError
 from ssmgate.models import presets
 from ssmgate.models.gates import offset_gates
-from ssmgate.models.lm import build_model
+from ssmgate.models.lm import build_model, head_matrix
 from ssmgate.train import mesh as meshlib, optim, sweep
 from ssmgate.train.state import TrainState
+from ssmgate.train.chunked_loss import chunked_text_loss
 from ssmgate.train.step import make_train_step
 
 
-def lm_loss_fn(model, loss: Callable) -> Callable:
-    """loss_fn(params, batch, rng) of the train step: logits of `batch.inputs`, then loss(logits, batch)."""
+def lm_loss_fn(model, loss: Callable, loss_chunk: int = 0) -> Callable:
+    """loss_fn(params, batch, rng) of the train step: logits of `batch.inputs`, then loss(logits, batch).
+    loss_chunk > 0 (`text_loss` only): the same values from the final hidden states, the head applied
+    that many positions at a time (ssmgate.train.chunked_loss), never the whole sequence's logits."""
+    if loss_chunk and loss is not text_loss:
+        raise ConfigError(f"--mesh_loss_chunk={loss_chunk}: scoring in chunks computes the next-token text loss "
+                          f"(the language-model programs'); this program's loss ({getattr(loss, '__name__', loss)}) "
+                          "reads whole logits: expected --mesh_loss_chunk=0")
+
     def loss_fn(params, batch, rng):
         del rng  # the models are deterministic (no dropout)
+        if loss_chunk:
+            h_btd, _ = model.apply({"params": params}, batch.inputs, head=False)
+            return chunked_text_loss(h_btd, head_matrix(model.cfg, params), batch, loss_chunk, model.constrain)
         logits, _ = model.apply({"params": params}, batch.inputs)
         return loss(logits, batch)
     return loss_fn
@@ -87,7 +98,7 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
               loss: Callable, eval_batches, mesh, mode: str, force_sweep: bool = False,
               stage: Callable | None = None, host_sample: Callable | None = None,
               global_batch: Callable | None = None, base_params=None, microbatches: int = 1,
-              remat: bool = False) -> Run:
+              remat: bool = False, loss_chunk: int = 0) -> Run:
     """sample(seed, k) -> batch of step k for a replica seeded `seed` (jittable in k);
     loss(logits, batch) -> (loss, metrics); the evaluation is the mean of loss and metrics over
     the fixed `eval_batches`.
@@ -111,7 +122,8 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
 
     microbatches: each step's gradient accumulated over this many slices of its batch
     (ssmgate.train.step: the activations of one slice at a time). remat: each layer's activations
-    recomputed in the backward pass (LanguageModel.remat), the same gradients for one more forward."""
+    recomputed in the backward pass (LanguageModel.remat), the same gradients for one more forward.
+    loss_chunk: the text loss scored that many positions at a time (lm_loss_fn); 0: all at once."""
     if sum(x is not None for x in (sample, host_sample, global_batch)) != 1:
         raise ValueError("build_run: pass exactly one of sample (jittable), host_sample (numpy) and global_batch "
                          "(global arrays)")
@@ -120,7 +132,7 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
                          "one shape")
     model = build_model(model_cfg).clone(remat=remat, constrain=meshlib.activation_constraint(mesh))
     tx = optim.make_optimizer(optim_cfg)
-    loss_fn = lm_loss_fn(model, loss)
+    loss_fn = lm_loss_fn(model, loss, loss_chunk)
     evaluate = mean_metrics(lambda params, batch: loss_fn(params, batch, None), eval_batches)
     step = make_train_step(loss_fn, tx, compute_dtype=jnp.dtype(model_cfg.dtype), microbatches=microbatches)
     init = init_params_fn(model, model_cfg, base_params=base_params)

@@ -82,11 +82,15 @@ class MeshCfg:
     params: str = "replicated"  # one of MODES
     microbatches: int = 1   # the step's batch in this many slices, gradients accumulated (train/step.py)
     remat: bool = False     # recompute each layer's activations in the backward pass (models/lm.py)
+    loss_chunk: int = 0     # score the text loss this many positions at a time (train/chunked_loss.py); 0: at once
 
     def validate(self) -> "MeshCfg":
         for field in ("replica", "model", "microbatches"):
             if getattr(self, field) < 1:
                 raise ValueError(f"--mesh_{field}={getattr(self, field)}: expected an integer >= 1")
+        if self.loss_chunk < 0:
+            raise ValueError(f"--mesh_loss_chunk={self.loss_chunk}: expected a number of positions >= 1, or 0 to "
+                             "score the whole sequence at once")
         if self.data != -1 and self.data < 1:
             raise ValueError(f"--mesh_data={self.data}: expected an integer >= 1, or -1 for all remaining devices")
         if self.params not in MODES:
