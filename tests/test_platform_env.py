@@ -54,3 +54,31 @@ def test_a_fresh_process_starts_on_cpu_without_libtpus_start_up():
     assert runs["ssmgate"].stdout.split()[-1] == "cpu"
     assert "TPU" not in runs["ssmgate"].stderr, runs["ssmgate"].stderr
     assert "TPU" in runs["control"].stderr, "libtpu's start-up printed nothing: the check cannot fail"
+
+
+COMPILE_ON = """
+import hashlib, jax, jax.numpy as jnp
+from jax.sharding import SingleDeviceSharding
+f = jax.jit(lambda x: jnp.tanh(x @ x.T).sum(), in_shardings=SingleDeviceSharding(devices[0]))
+print(hashlib.sha1(f.lower(jax.ShapeDtypeStruct((256, 256), jnp.float32)).compile().as_text().encode()).hexdigest())
+"""
+
+
+@pytest.mark.skipif(not platform_env.libtpu_installed(), reason="libtpu is not installed")
+def test_compiling_for_a_topology_is_quiet_and_compiles_the_same_program():
+    """ssmgate.train.topology.devices loads libtpu without its start-up lines about an undetermined
+    accelerator type and worker hostnames, and the program it compiles is the one a plain
+    get_topology_desc (the control, whose start-up prints those lines) compiles."""
+    if platform_env.has_tpu_chip() or platform_env.has_gpu():
+        pytest.skip("an accelerator is attached")
+    quiet = {"TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES"}
+    env = {**{k: v for k, v in os.environ.items() if k not in quiet}, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    setups = {"ssmgate": "from ssmgate.train import topology; devices = topology.devices('v5e:2x2')",
+              "control": "from jax.experimental import topologies; "
+                         "devices = topologies.get_topology_desc(platform='tpu', topology_name='v5e:2x2').devices"}
+    runs = {name: subprocess.run([sys.executable, "-c", setup + COMPILE_ON], env=env, capture_output=True, text=True,
+                                 timeout=300, check=True) for name, setup in setups.items()}
+    assert "TPU_ACCELERATOR_TYPE" in runs["control"].stderr, "libtpu's start-up printed nothing: the check cannot fail"
+    for line in ("TPU_ACCELERATOR_TYPE", "worker hostname"):
+        assert line not in runs["ssmgate"].stderr, runs["ssmgate"].stderr
+    assert runs["ssmgate"].stdout.split()[-1] == runs["control"].stdout.split()[-1]

@@ -109,5 +109,10 @@ def devices(libtpu_name: str) -> tuple:
         # libtpu refuses a second process on the machine (a lock file) even when none runs on a chip;
         # compiling touches no chip, so compiling processes may share it.
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+        # libtpu's start-up looks for this host's accelerator and workers and, finding none, prints
+        # warnings and an error trace, then goes on. A nominal single-host description (a user's own
+        # values win) keeps it quiet; the compiled programs are the same (tests/test_platform_env.py).
+        os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5p-8")
+        os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     from jax.experimental import topologies
     return tuple(topologies.get_topology_desc(platform="tpu", topology_name=libtpu_name).devices)
