@@ -99,6 +99,11 @@ def parse(name: str) -> Topology:
     return Topology(name, generation, f"{generation}:{grid}")
 
 
+# libtpu's host description, set for compile-only processes (children inherit it; any value keeps
+# libtpu's start-up quiet).
+NOMINAL_HOST = {"TPU_ACCELERATOR_TYPE": "v5p-8", "TPU_WORKER_HOSTNAMES": "localhost"}
+
+
 @functools.lru_cache(maxsize=None)
 def devices(libtpu_name: str) -> tuple:
     """The compile-only devices of a slice (all hosts'), in libtpu's order."""
@@ -112,7 +117,7 @@ def devices(libtpu_name: str) -> tuple:
         # libtpu's start-up looks for this host's accelerator and workers and, finding none, prints
         # warnings and an error trace, then goes on. A nominal single-host description (a user's own
         # values win) keeps it quiet; the compiled programs are the same (tests/test_platform_env.py).
-        os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5p-8")
-        os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+        for name, value in NOMINAL_HOST.items():
+            os.environ.setdefault(name, value)
     from jax.experimental import topologies
     return tuple(topologies.get_topology_desc(platform="tpu", topology_name=libtpu_name).devices)
