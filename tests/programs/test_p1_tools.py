@@ -64,7 +64,11 @@ def test_a_sweep_of_gate_scales_is_trained_decoded_and_scored(finished):
     assert 0.0 <= s["weak_recall"]["0.05"]["3"] <= 1.0 and s["bm25_recall"]["1"] > 0.5
     assert all(len(v) == 3 for v in s["samples"]["3"].values())
     cells = [json.loads(line) for line in (run_dir / p1_tools.CELLS_FILE).read_text().splitlines()]
-    assert [c["key"] for c in cells] == ["v2|main|1", "v2|main|3", "v2|weak0.05|3"]
+    assert [c["key"] for c in cells] == ["v2|main|1", "v2|main|3", "v2|seen|2", "v2|weak0.05|3"]
+    seen = cells[2]["value"]     # as many training questions as held-out ones, in pools of k_max
+    assert s["n_seen"] == 4 and len(seen["pools"]) == 4 and all(len(p) == 2 for p in seen["pools"])
+    for metric in p1_tools.STRICT + p1_tools.LENIENT:
+        assert set(s[f"seen_{metric}"]) == {"0.5", "2"} and 0.0 <= s[f"seen_{metric}"]["2"] <= 1.0
     kept = cells[1]["value"]     # every output and pool kept: the scores are recomputed from them
     assert len(kept["pools"]) == 4 and all(len(p) == 3 for p in kept["pools"])
     assert kept["outputs"]["2"][:3] == s["samples"]["3"]["2"] and len(kept["outputs"]["0.5"]) == 4
@@ -115,6 +119,7 @@ def test_the_report_section(finished, tmp_path):
     fake["gate_scales"] = ["0.06", "16"]
     for metric in p1_tools.STRICT + p1_tools.LENIENT:
         fake[metric] = {"0.06": fake[metric]["0.5"], "16": fake[metric]["2"]}
+        fake[f"seen_{metric}"] = {"0.06": 0.25, "16": 0.75}
     fake["accuracy"]["0.06"]["3"], fake["accuracy"]["16"]["3"] = 0.3, 0.2
     fake["hallucination"]["0.06"]["3"], fake["hallucination"]["16"]["3"] = 0.3, 0.5
     fake["weak"] = {b: {"0.06": row["0.5"], "16": row["2"]} for b, row in fake["weak"].items()}
@@ -126,6 +131,9 @@ def test_the_report_section(finished, tmp_path):
     assert "Runs without a summary (failed or not run): tools_pretrain, tools_transformer_pretrain, " \
            "tools_transformer" in md
     assert "β = 0.05:" in md and "| recall@k |" in md   # Fig 5's BFCL row as a table
+    assert "| model | seen: accuracy | seen: right name | held out: accuracy | held out: right name |" in md
+    assert entry["seen_accuracy"] == fake["seen_accuracy"] and entry["n_seen"] == 4
+    assert "| s = 16 | 0.75 | 0.75 |" in md
 
 
 TINY_LLAMA = ModelCfg(block="llama", vocab_size=258, d_model=16, n_layers=1, n_heads=2, mlp="swiglu", d_mlp=16)

@@ -18,11 +18,14 @@
    and read leniently for tool choice alone (the function an output starts to call: right name,
    name outside the pool). Each (setting, k) cell keeps its pools and outputs in
    `tools_eval_cells.jsonl`, so a killed evaluation resumes and scores are recomputed from them.
+   The same scoring of as many training questions (their functions seen in fine-tuning) at k =
+   --tools_k_max tells a model that answers from its weights from one that learnt nothing.
 
 summary.json: "gate_scales", "accuracy" {s: {k: value}}, "hallucination" {s: {k}}, "malformed"
 {s: {k}}, "name_accuracy" {s: {k}}, "name_out_of_pool" {s: {k}}, "weak" {beta: {s: {k}}} (accuracy),
 "weak_hallucination" {beta: {s: {k}}}, "weak_name_accuracy" {beta: {s: {k}}},
-"weak_recall" {beta: {k}}, "bm25_recall" {k}, "samples" (a few outputs), "n_test", "n_train",
+"weak_recall" {beta: {k}}, "bm25_recall" {k}, "seen_accuracy" {s} (and "seen_" + each other metric: the
+first n_test training questions in main-setting pools of k_max), "n_seen", "samples" (a few outputs), "n_test", "n_train",
 "held_out_functions", "steps", "wall_s", "train_wall_s", "params_digest".
 """
 from __future__ import annotations
@@ -189,27 +192,27 @@ def evaluate(cfg: P1ToolsCfg, model, params_stacked, data: tpr.ToolData, store: 
     examples = data.test[:t.max_test] if t.max_test else data.test
     scales = [_key(s) for s in cfg.gate_scales]
 
-    def cell(setting: str, k: int, beta: Optional[float]):
+    def cell(setting: str, k: int, beta: Optional[float], asked=examples, which="held-out"):
         k = min(k, len(data.index))
 
         def measure():
             rng = np.random.default_rng([cfg.seed, k, 0 if beta is None else int(round(beta * 1000)) + 1])
             if beta is None:
-                pools = [tool_pools.main_pool(data.index, e.question, e.name, k, rng) for e in examples]
+                pools = [tool_pools.main_pool(data.index, e.question, e.name, k, rng) for e in asked]
             else:
-                pools = [tool_pools.weak_pool(data.index, e.question, k, beta, rng) for e in examples]
-            say(f"[p1_tools] decoding {len(examples)} held-out questions x {len(scales)} gate scales, "
+                pools = [tool_pools.weak_pool(data.index, e.question, k, beta, rng) for e in asked]
+            say(f"[p1_tools] decoding {len(asked)} {which} questions x {len(scales)} gate scales, "
                 f"{setting} pools of {k}")
             outputs = [[] for _ in scales]
-            for lo in range(0, len(examples), t.eval_batch):
-                prompts = tpr.eval_prompts(data, examples[lo:lo + t.eval_batch], pools[lo:lo + t.eval_batch])
+            for lo in range(0, len(asked), t.eval_batch):
+                prompts = tpr.eval_prompts(data, asked[lo:lo + t.eval_batch], pools[lo:lo + t.eval_batch])
                 eos = data.tokenizer.eos_id
                 tokens = lm_decode.greedy(model, params_stacked, prompts, t.max_new, eos, replicas=True)
                 for r in range(len(scales)):
                     outputs[r] += [data.tokenizer.decode(row) for row in lm_decode.until_eos(tokens[r], eos)]
             return {"pools": [list(p) for p in pools], "outputs": dict(zip(scales, outputs))}
         got = store.get(f"v2|{setting}|{k}", measure)
-        return got, {s: _score(got["outputs"][s], examples, got["pools"]) for s in scales}
+        return got, {s: _score(got["outputs"][s], asked, got["pools"]) for s in scales}
 
     out = {m: {s: {} for s in scales} for m in STRICT + LENIENT}
     out.update({"weak": {}, "weak_hallucination": {}, "weak_name_accuracy": {}, "weak_recall": {},
@@ -222,6 +225,14 @@ def evaluate(cfg: P1ToolsCfg, model, params_stacked, data: tpr.ToolData, store: 
         out["bm25_recall"][str(k)] = tool_pools.bm25_recall(data.index, [e.question for e in examples],
                                                             [e.name for e in examples], min(k, len(data.index)))
         out["samples"][str(k)] = {s: got["outputs"][s][:3] for s in scales}
+    # In distribution: questions of fine-tuning's own functions (answers seen in training), as many as are
+    # tested, in its pools (main setting, k_max). Beside the held-out rows it separates a model that learnt
+    # nothing from one that answers from its weights but not from the pool.
+    seen = data.train[:len(examples)]
+    _, scores = cell("seen", t.k_max, None, seen, "training")
+    for metric in STRICT + LENIENT:
+        out[f"seen_{metric}"] = {s: scores[s][metric] for s in scales}
+    out["n_seen"] = len(seen)
     for beta in t.weak_betas:
         b = f"{beta:g}"
         for name in ("weak", "weak_hallucination", "weak_name_accuracy"):

@@ -5,7 +5,8 @@ Mamba-2 gate scales, and of `tools_transformer_pretrain` (p2_lm) and `tools_tran
 the Transformer of Fig 4, any subset, and returns
   ({"accuracy": {s: {k}}, "hallucination": {s: {k}}, "malformed", "name_accuracy", "name_out_of_pool",
     "weak": {beta: {s: {k}}}, "weak_hallucination", "weak_name_accuracy", "weak_recall": {beta: {k}},
-    "bm25_recall": {k}, "k_max_train", "transformer_accuracy": {k}, "transformer_hallucination": {k},
+    "bm25_recall": {k}, "k_max_train", "seen_accuracy": {s}, "seen_name_accuracy", "seen_malformed" (training
+    questions at k_max), "n_seen", "transformer_accuracy": {k}, "transformer_hallucination": {k},
     "transformer_malformed", "transformer_name_accuracy", "transformer_name_out_of_pool",
     "transformer_weak": {beta: {k}} (when its run evaluated the weak retriever), "checks", "wall_s", ...},
    markdown)
@@ -35,6 +36,7 @@ ORDERED_BETA = "10"   # protocol §5.4: BFCL's "noisily ordered" weak retriever 
 PAPER_AT_72 = {"weak gate (s = 0.06-0.25)": ("0.28-0.30", "0.30-0.32"), "strong gate (s = 8, 16)": ("0.20-0.21", "0.50-0.54"),
                "Transformer": ("0.01-0.02", "0.90")}
 METRICS = ("accuracy", "hallucination", "malformed", "name_accuracy", "name_out_of_pool")
+SEEN = ("seen_accuracy", "seen_name_accuracy", "seen_malformed")   # training questions at k_max: {s: value}
 
 
 def _curve(row: dict):
@@ -56,8 +58,8 @@ def collect(runs: dict) -> dict:
     entry = {}
     sft = runs.get("tools_sft")
     if sft is not None:
-        keys = ("gate_scales", *METRICS, "weak", "weak_hallucination", "weak_name_accuracy", "weak_recall",
-                "bm25_recall", "n_train", "n_test", "steps", "k_max_train")
+        keys = ("gate_scales", *METRICS, *SEEN, "weak", "weak_hallucination", "weak_name_accuracy", "weak_recall",
+                "bm25_recall", "n_train", "n_test", "n_seen", "steps", "k_max_train")
         entry.update({k: sft[k] for k in keys if k in sft})
     pre = runs.get("tools_pretrain")
     if pre is not None:
@@ -67,6 +69,9 @@ def collect(runs: dict) -> dict:
         for metric in METRICS:
             if metric in tr:
                 entry[f"transformer_{metric}"] = _only_replica(tr[metric])
+        for metric in SEEN:
+            if metric in tr:
+                entry[f"transformer_{metric}"] = next(iter(tr[metric].values()))
         if tr.get("weak"):
             entry["transformer_weak"] = {b: _only_replica(row) for b, row in tr["weak"].items()}
         entry["transformer_k_max_train"] = tr.get("k_max_train")
@@ -181,6 +186,27 @@ def _figure(entry: dict, path: Path, k_max_train) -> None:
     plt.close(fig)
 
 
+def _seen_table(entry: dict) -> list[str]:
+    """Training questions beside held-out ones at the training limit: answered from the weights, or not at all."""
+    k = entry.get("k_max_train") or entry.get("transformer_k_max_train")
+    if k is None or not (entry.get("seen_accuracy") or entry.get("transformer_seen_accuracy")):
+        return []
+    k = str(k)
+    rows = [[f"s = {s}", entry["seen_accuracy"].get(s), entry.get("seen_name_accuracy", {}).get(s),
+             entry.get("accuracy", {}).get(s, {}).get(k), entry.get("name_accuracy", {}).get(s, {}).get(k)]
+            for s in entry.get("gate_scales", []) if s in entry.get("seen_accuracy", {})]
+    if entry.get("transformer_seen_accuracy") is not None:
+        rows.append(["Transformer", entry["transformer_seen_accuracy"], entry.get("transformer_seen_name_accuracy"),
+                     entry.get("transformer_accuracy", {}).get(k), entry.get("transformer_name_accuracy", {}).get(k)])
+    return [f"In distribution against held out, main setting at the training limit k = {k}: "
+            f"{entry.get('n_seen', '?')} questions of functions fine-tuning answered (seen) beside the "
+            f"{entry.get('n_test', '?')} held-out ones. A model that scores on the seen functions and not on the "
+            "held-out ones answers from its weights, not from the pool (the shortcut of P1 §5); one that scores "
+            "on neither has not learnt the task.", "",
+            table(["model", "seen: accuracy", "seen: right name", "held out: accuracy", "held out: right name"],
+                  rows), ""]
+
+
 def _weak_table(entry: dict) -> list[str]:
     """Fig 5's BFCL row: accuracy with the weak retriever per beta, s and k, beside recall@k."""
     weak = entry.get("weak") or {}
@@ -232,6 +258,7 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
     if entry.get("bm25_recall"):
         lines += ["BM25 recall@k of the correct tool before injection: " + ", ".join(
             f"k={kk}: {v:.3f}" for kk, v in sorted(entry["bm25_recall"].items(), key=lambda kv: int(kv[0]))), ""]
+    lines += _seen_table(entry)
     lines += _weak_table(entry)
     lines += report_tail(entry["checks"], missing, changes)
     return entry, "\n".join(lines) + "\n"
