@@ -48,14 +48,16 @@ def _strongest(d: Optional[dict]):
 
 
 def _fig5_horn(e: dict) -> Optional[str]:
-    """At the largest beta and pool: the best gate, the weakest gate and the Transformer."""
+    """At the largest beta and pool: the best gate (every one tied there: the row must not depend on the
+    order a summary stores its offsets in), the weakest gate and the Transformer."""
     f = _at(e, "fig5_horn") or {}
     if not f.get("accuracy"):
         return None
     beta = max(f["accuracy"], key=float)
     final = {o: _largest(v) for o, v in f["accuracy"][beta].items()}
-    best, weakest = max(final, key=final.get), min(final, key=float)
-    text = (f"beta {beta}, largest k: best gate {best} {cell(final[best])}, "
+    top, weakest = max(final.values()), min(final, key=float)
+    best = [o for o in sorted(final, key=float) if final[o] == top]   # every gate tied at the top, weak to strong
+    text = (f"beta {beta}, largest k: best gate{'s' if len(best) > 1 else ''} {', '.join(best)} {cell(top)}, "
             f"weakest {weakest} {cell(final[weakest])}")
     tf = _largest((f.get("transformer") or {}).get(beta))
     return text + (f", Transformer {cell(tf)}" if tf is not None else "")

@@ -130,6 +130,10 @@ def test_fig5_horn_row_names_the_best_and_weakest_gate_and_the_transformer_at_th
     assert claims._fig5_horn(entry) == "beta 1, largest k: best gate -3 0.25, weakest -7.3 0, Transformer 0.04"
     assert claims._fig5_horn({"fig5_horn": {"accuracy": acc}}).endswith("weakest -7.3 0")
     assert claims._fig5_horn({}) is None
+    tied = {"1": {"1.6": {"64": 0.25}, "-3": {"64": 0.25}, "-0.2": {"64": 0.25}, "-7.3": {"64": 0.0}}}
+    for order in (tied, {"1": dict(sorted(tied["1"].items()))}):   # as run, and as a sorted JSON stores it
+        assert claims._fig5_horn({"fig5_horn": {"accuracy": order}}) == \
+            "beta 1, largest k: best gates -3, -0.2, 1.6 0.25, weakest -7.3 0"
 
 
 def test_p2_fig5_row_lists_parity_first_whatever_the_stored_order():
