@@ -204,7 +204,7 @@ def _seen_table(entry: dict) -> list[str]:
             "held-out ones answers from its weights, not from the pool (the shortcut of P1 §5); one that scores "
             "on neither has not learnt the task.", "",
             table(["model", "seen: accuracy", "seen: right name", "held out: accuracy", "held out: right name"],
-                  rows), ""]
+                  rows)]
 
 
 def _weak_table(entry: dict) -> list[str]:
