@@ -5,8 +5,8 @@ Mamba-2 gate scales, and of `tools_transformer_pretrain` (p2_lm) and `tools_tran
 the Transformer of Fig 4, any subset, and returns
   ({"accuracy": {s: {k}}, "hallucination": {s: {k}}, "malformed", "name_accuracy", "name_out_of_pool",
     "weak": {beta: {s: {k}}}, "weak_hallucination", "weak_name_accuracy", "weak_recall": {beta: {k}},
-    "bm25_recall": {k}, "k_max_train", "seen_accuracy": {s}, "seen_name_accuracy", "seen_malformed" (training
-    questions at k_max), "n_seen", "transformer_accuracy": {k}, "transformer_hallucination": {k},
+    "bm25_recall": {k}, "k_max_train", "seen_" + each of those {s} (training questions
+    at k_max), "n_seen", "transformer_accuracy": {k}, "transformer_hallucination": {k},
     "transformer_malformed", "transformer_name_accuracy", "transformer_name_out_of_pool",
     "transformer_weak": {beta: {k}} (when its run evaluated the weak retriever), "checks", "wall_s", ...},
    markdown)
@@ -36,7 +36,7 @@ ORDERED_BETA = "10"   # protocol §5.4: BFCL's "noisily ordered" weak retriever 
 PAPER_AT_72 = {"weak gate (s = 0.06-0.25)": ("0.28-0.30", "0.30-0.32"), "strong gate (s = 8, 16)": ("0.20-0.21", "0.50-0.54"),
                "Transformer": ("0.01-0.02", "0.90")}
 METRICS = ("accuracy", "hallucination", "malformed", "name_accuracy", "name_out_of_pool")
-SEEN = ("seen_accuracy", "seen_name_accuracy", "seen_malformed")   # training questions at k_max: {s: value}
+SEEN = tuple(f"seen_{m}" for m in METRICS)   # training questions at k_max: {s: value}
 
 
 def _curve(row: dict):
@@ -50,7 +50,8 @@ def _group_mean(table_sk: dict, scales, k: str):
 
 
 def _only_replica(table_sk: dict) -> dict:
-    """The one replica's {k: value} of a single-model (Transformer) summary table {s: {k}}."""
+    """The one replica's entry of a single-model (Transformer) summary table: {k: value} of {s: {k}}, or the
+    value of {s: value}."""
     return next(iter(table_sk.values())) if table_sk else {}
 
 
@@ -71,7 +72,7 @@ def collect(runs: dict) -> dict:
                 entry[f"transformer_{metric}"] = _only_replica(tr[metric])
         for metric in SEEN:
             if metric in tr:
-                entry[f"transformer_{metric}"] = next(iter(tr[metric].values()))
+                entry[f"transformer_{metric}"] = _only_replica(tr[metric])
         if tr.get("weak"):
             entry["transformer_weak"] = {b: _only_replica(row) for b, row in tr["weak"].items()}
         entry["transformer_k_max_train"] = tr.get("k_max_train")
