@@ -9,6 +9,11 @@ compiles (XLA's compiler has its own, larger, peak); then the process's peak res
 window is also scored in one piece (`unchunked`): what the evaluation would hold without carrying
 the state between pieces. Where the peak cannot be reset the lifetime peak (ru_maxrss) is reported
 and `method` says so.
+
+Each row runs `repeats` fresh processes and keeps the median peak: the same row's peak moves by tens
+of MB from process to process (how much of the compiler's freed heap the measured pass reuses), as
+much as a small model's chunked window costs, so one process per row let that noise decide the
+comparison. The spread of each row's processes is reported beside it.
 """
 from __future__ import annotations
 
@@ -81,7 +86,7 @@ def child_env() -> dict:
     return env
 
 
-def _run(cfg_json: str, length: int, piece_len: int) -> dict:
+def _run_once(cfg_json: str, length: int, piece_len: int) -> dict:
     proc = subprocess.run([sys.executable, "-m", "ssmgate.train.lm_memory", cfg_json, str(length), str(piece_len)],
                           capture_output=True, text=True, env=child_env())
     if proc.returncode != 0:
@@ -90,18 +95,31 @@ def _run(cfg_json: str, length: int, piece_len: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def measure(cfg: ModelCfg, lengths: Sequence[int], piece_len: int) -> dict:
+def _run(cfg_json: str, length: int, piece_len: int, repeats: int) -> dict:
+    """One row: the median peak of `repeats` fresh processes, each process's peak in `peaks_mb`."""
+    each = [_run_once(cfg_json, length, piece_len) for _ in range(repeats)]
+    peaks = sorted(r["peak_rss_mb"] for r in each)
+    return {**each[0], "peak_rss_mb": peaks[len(peaks) // 2], "peaks_mb": [r["peak_rss_mb"] for r in each]}
+
+
+def measure(cfg: ModelCfg, lengths: Sequence[int], piece_len: int, repeats: int = 3) -> dict:
+    """{"piece_len", "repeats", "runs": [{"window", "peak_rss_mb" (median over the processes),
+    "peaks_mb", "method", "mean_nll"}], "growth_mb" (largest minus smallest median peak over the
+    lengths), "spread_mb" (the largest max - min of one row's processes: the noise the growth is read
+    against), "unchunked": the longest window in one piece, "unchunked_extra_mb" (its median peak
+    minus the chunked one of the same window), "full_logits_mb" (float32 logits of the longest
+    window, for scale)}."""
+    if repeats < 1:
+        raise ValueError(f"lm_memory.measure: repeats={repeats}; expected >= 1")
     lengths = list(lengths)
-    """{"piece_len", "runs": [{"window", "peak_rss_mb", "method", "mean_nll"}], "growth_mb" (largest
-    minus smallest peak over the lengths: run-to-run noise of the allocator is some 20 MB),
-    "unchunked": the longest window in one piece, "unchunked_extra_mb" (its peak minus the chunked
-    one of the same window), "full_logits_mb" (float32 logits of the longest window, for scale)}."""
     cfg_json = json.dumps(dataclasses.asdict(cfg))
-    runs = [_run(cfg_json, length, piece_len) for length in lengths]
+    runs = [_run(cfg_json, length, piece_len, repeats) for length in lengths]
     peaks = [r["peak_rss_mb"] for r in runs]
     longest = max(lengths)
-    unchunked = _run(cfg_json, longest, longest - 1)
-    return {"piece_len": piece_len, "runs": runs, "growth_mb": max(peaks) - min(peaks), "unchunked": unchunked,
+    unchunked = _run(cfg_json, longest, longest - 1, repeats)
+    spread = max(max(r["peaks_mb"]) - min(r["peaks_mb"]) for r in [*runs, unchunked])
+    return {"piece_len": piece_len, "repeats": repeats, "runs": runs, "growth_mb": max(peaks) - min(peaks),
+            "spread_mb": spread, "unchunked": unchunked,
             "unchunked_extra_mb": unchunked["peak_rss_mb"] - peaks[lengths.index(longest)],
             "full_logits_mb": longest * cfg.vocab_size * 4 / 2 ** 20}
 

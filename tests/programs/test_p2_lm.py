@@ -272,6 +272,22 @@ def test_a_long_window_does_not_need_more_memory_than_a_short_one():
     # the probe sees what one piece of 65K tokens costs; pieces of 512 do not grow with the window
     assert mem["unchunked_extra_mb"] > mem["full_logits_mb"], mem
     assert mem["growth_mb"] < 0.25 * mem["unchunked_extra_mb"], mem
+    assert mem["repeats"] == 3 and all(len(r["peaks_mb"]) == 3 for r in [*mem["runs"], mem["unchunked"]])
+
+
+def test_memory_rows_keep_the_median_of_their_processes_and_report_the_spread(monkeypatch):
+    peaks = {(512, 512): iter([500.0, 440.0, 505.0]), (4096, 512): iter([560.0, 510.0, 515.0]),
+             (4096, 4095): iter([900.0, 905.0, 880.0])}
+    monkeypatch.setattr(lm_memory, "_run_once", lambda cfg_json, length, piece: {
+        "window": length, "piece_len": piece, "peak_rss_mb": next(peaks[length, piece]), "method": "m",
+        "mean_nll": 1.0})
+    mem = lm_memory.measure(TINY, (512, 4096), 512)
+    assert [r["peak_rss_mb"] for r in mem["runs"]] == [500.0, 515.0] and mem["unchunked"]["peak_rss_mb"] == 900.0
+    assert mem["runs"][0]["peaks_mb"] == [500.0, 440.0, 505.0]
+    # one process per row would have read 60 MB of growth from the first samples (500 -> 560)
+    assert mem["growth_mb"] == 15.0 and mem["spread_mb"] == 65.0 and mem["unchunked_extra_mb"] == 385.0
+    with pytest.raises(ValueError, match="repeats=0; expected >= 1"):
+        lm_memory.measure(TINY, (512,), 512, repeats=0)
 
 
 def test_memory_children_compile_at_O0_unless_the_user_set_a_level_and_without_a_cache(monkeypatch):

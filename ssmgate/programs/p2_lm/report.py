@@ -591,13 +591,19 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
                   "![windowed PPL along training](figures/p2_lm_window_ppl_training.png)", ""]
     if entry.get("memory"):
         mem = entry["memory"]
-        rows = [[f"{r['window']:,}", f"{r['piece_len']:,}", f"{r['peak_rss_mb']:.0f}"]
+        rows = [[f"{r['window']:,}", f"{r['piece_len']:,}", f"{r['peak_rss_mb']:.0f}",
+                 *([" / ".join(f"{x:.0f}" for x in r["peaks_mb"])] if "peaks_mb" in r else [])]
                 for r in [*mem["runs"], mem["unchunked"]]]
-        lines += [f"Memory of scoring one window (a fresh process per row, random weights; peak resident memory, "
+        each = ["each process (MB)"] if "peaks_mb" in mem["runs"][0] else []
+        # Summaries written before rows were repeated hold one process per row and no spread.
+        repeats = mem.get("repeats", 1)
+        per_row = (f"the median of {repeats} fresh processes per row" if repeats > 1 else "a fresh process per row")
+        noise = (f" (one row's processes spread by up to {mem['spread_mb']:.0f} MB)" if "spread_mb" in mem else "")
+        lines += [f"Memory of scoring one window ({per_row}, random weights; peak resident memory, "
                   f"measured as {mem['runs'][0]['method']}). In pieces of {mem['piece_len']} tokens that carry the "
-                  f"state the peak varies by {mem['growth_mb']:.0f} MB across window lengths (allocator noise is "
-                  f"some 20 MB); the longest window in one piece needs {mem['unchunked_extra_mb']:.0f} MB more "
+                  f"state the peak varies by {mem['growth_mb']:.0f} MB across window lengths{noise}; the longest "
+                  f"window in one piece needs {mem['unchunked_extra_mb']:.0f} MB more "
                   f"(its logits alone are {mem['full_logits_mb']:.1f} MB).", "",
-                  table(["window (tokens)", "piece (tokens)", "peak RSS (MB)"], rows)]
+                  table(["window (tokens)", "piece (tokens)", "peak RSS (MB)", *each], rows)]
     lines += report_tail(entry["checks"], [r for r in (*SEED_RUNS, MIMO_RUN) if r not in runs], changes)
     return entry, "\n".join(lines) + "\n"
