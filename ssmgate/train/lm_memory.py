@@ -10,10 +10,10 @@ window is also scored in one piece (`unchunked`): what the evaluation would hold
 the state between pieces. Where the peak cannot be reset the lifetime peak (ru_maxrss) is reported
 and `method` says so.
 
-Each row runs `repeats` fresh processes and keeps the median peak: the same row's peak moves by tens
-of MB from process to process (how much of the compiler's freed heap the measured pass reuses), as
-much as a small model's chunked window costs, so one process per row let that noise decide the
-comparison. The spread of each row's processes is reported beside it.
+Each row runs `repeats` fresh processes and keeps the median peak: the same row's peak moves from
+process to process (with how much of the compiler's freed heap the measured pass reuses), for a small
+model by as much as the growth the comparison looks for, so one process per row let that noise
+decide it. The spread of each row's processes is reported beside it (docs/reproduction.md, P2 LM).
 """
 from __future__ import annotations
 
