@@ -11,7 +11,7 @@ the state between pieces. Where the peak cannot be reset the lifetime peak (ru_m
 and `method` says so.
 
 Each row runs `repeats` fresh processes and keeps the median peak: the same row's peak moves from
-process to process (with how much of the compiler's freed heap the measured pass reuses), for a small
+process to process (likely with how much of the compiler's freed heap the measured pass reuses), for a small
 model by as much as the growth the comparison looks for, so one process per row let that noise
 decide it. The spread of each row's processes is reported beside it (docs/reproduction.md, P2 LM).
 """
@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 from typing import Sequence
@@ -98,8 +99,8 @@ def _run_once(cfg_json: str, length: int, piece_len: int) -> dict:
 def _run(cfg_json: str, length: int, piece_len: int, repeats: int) -> dict:
     """One row: the median peak of `repeats` fresh processes, each process's peak in `peaks_mb`."""
     each = [_run_once(cfg_json, length, piece_len) for _ in range(repeats)]
-    peaks = sorted(r["peak_rss_mb"] for r in each)
-    return {**each[0], "peak_rss_mb": peaks[len(peaks) // 2], "peaks_mb": [r["peak_rss_mb"] for r in each]}
+    peaks = [r["peak_rss_mb"] for r in each]
+    return {**each[0], "peak_rss_mb": statistics.median_low(peaks), "peaks_mb": peaks}
 
 
 def measure(cfg: ModelCfg, lengths: Sequence[int], piece_len: int, repeats: int = 3) -> dict:
