@@ -76,6 +76,14 @@ def test_a_sweep_compiles_with_its_replicas_on_the_replica_axis():
 
 @needs_libtpu
 @pytest.mark.filterwarnings(*WARNINGS)
+def test_a_replica_axis_that_does_not_divide_the_sweep_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"--mesh_replica=2 does not divide the sweep's 3 replicas .* --mesh_data"):
+        compile_step.compile_plan(_plan(replicas=3, mesh=MeshCfg(replica=2, params="replicated")),
+                                  topology.parse("v5e-4"))
+
+
+@needs_libtpu
+@pytest.mark.filterwarnings(*WARNINGS)
 def test_microbatches_shrink_the_temporaries_at_the_same_counted_work():
     one, four = (compile_step.compile_plan(_plan(batch=32, seq_len=256, mesh=MeshCfg(params="fsdp", microbatches=k)),
                                            topology.parse("v5e-4")) for k in (1, 4))
