@@ -279,6 +279,9 @@ def test_every_flag_file_dry_runs():
     assert "length generalisation k = 64: 1299 tokens" in cpu_lengen
     assert "offsets -7.3, -3, -0.2, 1.6, 2.3, 2.9, 4.3 x seeds 0..0" in cpu_lengen  # the paper's Table 1 offsets
     assert "n_layers=4" in cpu_lengen and "n_layers=4" in parts[str(REPO / "experiments/p1/cpu/horn_transformer.flags")]
+    for run in ("retrieval", "lengen", "transformer"):  # the paper's 4 buckets; each batch split over two devices
+        text = parts[str(REPO / f"experiments/p1/cpu/horn_{run}.flags")]
+        assert "n_buckets=4" in text and "mesh {'replica': 1, 'data': 2, 'model': 1}" in text, run
     assert "offsets 0 x seeds" in parts[str(REPO / "experiments/p1/quick/horn_transformer.flags")]
 
 
