@@ -12,7 +12,7 @@ from ssmgate.models import presets
 from ssmgate.programs.p2_state_tracking import program as p2
 from ssmgate.tasks import state_tracking as st
 from ssmgate.train import loop, mesh, optim
-from tests.main_runs import run_many
+from tests.main_runs import dry_run_flag_files, run_many
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,6 +49,15 @@ def test_table_row_summary_lr_choice_and_phase_code(tmp_path):
     # A second run resumes every row from its final checkpoint and reproduces the summary.
     again = p2.run(cfg, tmp_path)
     assert again["accuracy"] == out["accuracy"] and again["chosen_lr"] == out["chosen_lr"]
+    # ...and says so, so that ssmgate.reproduce keeps the first run's wall time instead of the resume's.
+    assert out["resumed_from"] is None and again["resumed_from"] == cfg.loop.steps
+
+
+def test_a_grid_resumed_partway_reports_the_earliest_step_a_model_continued_from():
+    assert p2.grid_resumed_from([None, None]) is None
+    assert p2.grid_resumed_from([1400, 1400]) == 1400  # every row at its last step: nothing trained
+    assert p2.grid_resumed_from([1400, 700]) == 700
+    assert p2.grid_resumed_from([1400, None]) == 0     # a row trained from scratch: the cost is not the grid's
 
 
 def test_arithmetic_tests_odd_lengths_and_has_no_phase_code(tmp_path):
@@ -107,7 +116,8 @@ def test_paper_flag_files_dry_run_and_bad_flags_name_themselves():
            (["--task=arith", "--l_min=4"], "--l_min=4"),
            (["--task=parity", "--l_max0=200"], "--l_max1=160: expected >= L_max0 = 200"),
            (["--task=mod3", "--hold_steps=-1"], "--hold_steps=-1: expected >= 0"))
-    results = run_many([[f"--flagfile={f}", "--dry_run"] for f in files] + [[*base, *extra] for extra, _ in bad])
+    dry = dry_run_flag_files(files)
+    results = [dry[f] for f in files] + run_many([[*base, *extra] for extra, _ in bad])
     for path, res in zip(files, results):
         assert res.returncode == 0, (path, res.stderr[-2000:])
         scale = path.split("/")[2] if path.count("/") == 3 else "paper"
@@ -119,5 +129,11 @@ def test_paper_flag_files_dry_run_and_bad_flags_name_themselves():
         assert rows == list(p2.TABLE_MODELS), (path, rows)
         changes = " ".join(reproduce.changes_from_paper("p2", f"state_tracking_{task}", scale))
         assert "a_activation: (unset) -> softplus" in changes and "steps: 10000 ->" in changes
+        if scale == "cpu":  # parity's and mod 3's sweeps of 4 split over two CPU devices; arithmetic's 2 on one
+            devices = 1 if task == "arith" else 2
+            assert f"mesh {{'replica': {devices}, 'data': 1, 'model': 1}}: each model's" in res.stdout, path
     for (extra, message), res in zip(bad, results[len(files):]):
         assert res.returncode != 0 and message in res.stderr, (extra, res.stderr[-1500:])
+    # A replica axis that does not divide each model's sweep is refused before anything runs.
+    res, = run_many([[*base, "--task=parity", "--lr=1e-3,3e-3,1e-2", "--cpu_devices=2", "--mesh_replica=2"]])
+    assert res.returncode != 0 and "--mesh_replica=2 does not divide each model's 3 replicas" in res.stderr, res.stderr

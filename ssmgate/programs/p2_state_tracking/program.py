@@ -15,7 +15,8 @@ Each model trains in its own run directory (<run_dir>/<model>/, resumable); summ
 {"task", "models", "lrs", "test_lens", "accuracy"[model][len], "scaled_accuracy"[model][len],
 "chosen_lr"[model], "val_accuracy"[model] (per lr), "stopped_step"[model] (per replica, -1: ran to
 the end; with --stop_thr a replica whose validation accuracy reaches it is frozen), "phase_code" {"deg": [input 0, input 1],
-"head", "pair", "pairs_deg"} (parity and mod 3), "wall_s"[model], "steps"}.
+"head", "pair", "pairs_deg"} (parity and mod 3), "wall_s", "wall_s_per_model"[model], "steps", "resumed_from"
+(None, or the earliest step a model's training continued from a checkpoint)}.
 """
 from __future__ import annotations
 
@@ -191,7 +192,7 @@ def train_model(cfg: StateTrackingCfg, name: str, run_dir: RunDir, mesh) -> dict
     params = jax.tree.map(lambda a: a[best], run.params(result.state))
     out = {"chosen_lr": float(cfg.lrs[best_lr]), "val_accuracy": [float(v) for v in per_lr],
            "accuracy": {}, "scaled_accuracy": {}, "replicas": labels, "diverged": np.asarray(result.state.diverged).tolist(),
-           "stopped_step": np.asarray(result.state.stopped_step).tolist()}
+           "stopped_step": np.asarray(result.state.stopped_step).tolist(), "resumed_from": result.resumed_from}
     for length in eval_lengths(cfg.task, cfg.test_lens):
         acc = accuracy_on(run.model, params, fixed_set(data, TEST_SEED, length, cfg.test_n))
         out["accuracy"][str(length)] = acc
@@ -213,13 +214,38 @@ def describe(cfg: StateTrackingCfg) -> str:
              f"learning rates: {', '.join(f'{lr:g}' for lr in cfg.lrs)} x {cfg.seeds} seed(s)",
              "early stopping: " + ("none" if cfg.stop_thr is None else
                                    f"a replica stops once its validation accuracy reaches {cfg.stop_thr:g}"),
-             f"validation {cfg.val_n}, test {cfg.test_n} sequences at lengths {eval_lengths(cfg.task, cfg.test_lens)}"]
+             f"validation {cfg.val_n}, test {cfg.test_n} sequences at lengths {eval_lengths(cfg.task, cfg.test_lens)}",
+             _describe_mesh(cfg)]
     for name in cfg.models:
         m = cfg.model_for(name)
         kind = m.block if m.block == "mamba2" else f"{m.block} transition={m.transition} rope_fraction={m.rope_fraction}"
         lines.append(f"{name:>22}: {kind}, {m.n_layers} layer(s), d_model {m.d_model}, d_state {m.d_state}: "
                      f"{presets.param_count(m):,} parameters")
     return "\n".join(lines)
+
+
+def _describe_mesh(cfg: StateTrackingCfg) -> str:
+    """The mesh line of --dry_run, refusing what the run would refuse: a replica axis that does not
+    divide each model's sweep (learning rates x seeds)."""
+    try:
+        mesh, note = meshlib.mesh_for_description(cfg.mesh)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    replicas, slices = len(cfg.lrs) * cfg.seeds, mesh.shape["replica"]
+    if replicas % slices:
+        raise ConfigError(f"--mesh_replica={slices} does not divide each model's {replicas} replicas (learning rates "
+                          f"x seeds); expected a divisor of {replicas}")
+    return f"mesh {dict(mesh.shape)}{note}: each model's {replicas} replicas, {replicas // slices} per replica slice"
+
+
+def grid_resumed_from(per_model: list) -> Optional[int]:
+    """The grid's "resumed_from" (the key ssmgate.reproduce reads to judge a run's wall time): None when
+    every model trained from scratch, else the earliest step a model continued from (a model trained
+    from scratch beside resumed ones counts as step 0), so a grid resumed only at its last steps keeps
+    its earlier wall time and any other resumed grid reports none."""
+    if all(step is None for step in per_model):
+        return None
+    return min(step or 0 for step in per_model)
 
 
 def run(cfg: StateTrackingCfg, run_dir: str) -> dict:
@@ -232,6 +258,7 @@ def run(cfg: StateTrackingCfg, run_dir: str) -> dict:
     for key in ("accuracy", "scaled_accuracy", "chosen_lr", "val_accuracy", "stopped_step"):
         summary[key] = {name: rows[name][key] for name in cfg.models}
     summary["wall_s_per_model"] = {name: rows[name]["wall_s"] for name in cfg.models}
+    summary["resumed_from"] = grid_resumed_from([rows[name]["resumed_from"] for name in cfg.models])
     if "phase_code" in rows.get("underdamped", {}):
         summary["phase_code"] = rows["underdamped"]["phase_code"]
     if jax.process_index() == 0:
