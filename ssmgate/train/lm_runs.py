@@ -140,11 +140,8 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
     if is_sweep and global_batch is not None:
         raise ValueError("build_run: global_batch serves single runs; a sweep's batches carry a leading replica "
                          "axis (use sample or host_sample)")
-    if is_sweep and len(replicas) % mesh.shape["replica"]:
-        # Each replica's batch rows sit on one slice of the replica axis: the split must be even.
-        raise ValueError(f"--mesh_replica={mesh.shape['replica']} does not divide the sweep's {len(replicas)} "
-                         "replicas (seeds x learning rates x offsets); expected a divisor of "
-                         f"{len(replicas)}, or the devices on the batch instead (--mesh_replica=1, --mesh_data)")
+    if is_sweep:
+        meshlib.check_replicas(len(replicas), mesh.shape["replica"])
     if is_sweep:
         make = lambda: sweep.init_sweep(replicas, init, tx)
         shapes = jax.eval_shape(make)

@@ -121,6 +121,15 @@ def check_batch(batch: int, data: int, microbatches: int = 1) -> None:
                          f"{max(data, 1)} devices of the data axis: expected a multiple of {max(data, 1) * microbatches}")
 
 
+def check_replicas(replicas: int, slices: int, whose: str = "the sweep's",
+                   grid: str = "seeds x learning rates x offsets") -> None:
+    """A sweep's replicas must split evenly over the `replica` axis: each replica's batch rows sit on
+    one slice of it."""
+    if replicas % slices:
+        raise ValueError(f"--mesh_replica={slices} does not divide {whose} {replicas} replicas ({grid}); expected a "
+                         f"divisor of {replicas}, or the devices on the batch instead (--mesh_replica=1, --mesh_data)")
+
+
 def make_mesh(cfg: MeshCfg, devices=None) -> Mesh:
     devices = list(jax.devices() if devices is None else devices)
     sizes = cfg.axis_sizes(len(devices))

@@ -227,14 +227,13 @@ def describe(cfg: StateTrackingCfg) -> str:
 def _describe_mesh(cfg: StateTrackingCfg) -> str:
     """The mesh line of --dry_run, refusing what the run would refuse: a replica axis that does not
     divide each model's sweep (learning rates x seeds)."""
+    replicas = len(cfg.lrs) * cfg.seeds
     try:
         mesh, note = meshlib.mesh_for_description(cfg.mesh)
+        slices = mesh.shape["replica"]
+        meshlib.check_replicas(replicas, slices, "each model's", "learning rates x seeds")
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    replicas, slices = len(cfg.lrs) * cfg.seeds, mesh.shape["replica"]
-    if replicas % slices:
-        raise ConfigError(f"--mesh_replica={slices} does not divide each model's {replicas} replicas (learning rates "
-                          f"x seeds); expected a divisor of {replicas}")
     return f"mesh {dict(mesh.shape)}{note}: each model's {replicas} replicas, {replicas // slices} per replica slice"
 
 
