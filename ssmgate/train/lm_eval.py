@@ -5,7 +5,9 @@ A window is run from a zero state in pieces of `piece_len` tokens that carry the
 never holds more than one piece's activations and logits. All pieces of a row have one length
 (a ragged end is padded with targets of weight 0), so a model compiles one piece program for every
 window longer than a piece. Windows of one size all have the same length, so they are batched
-(`batch` windows at a time, the last group padded with weight 0).
+(`batch` windows at a time, the last group padded with weight 0). When the parameters live on
+several devices of one process (a run trained over a mesh, e.g. `--cpu_devices=2`), each device
+scores its share of the rows: left unsharded, the rows would be scored again on every device.
 Works for any `ssmgate.models.lm.LanguageModel`, including `interventions.intervened_model`'s.
 """
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ssmgate.tasks import long_context as lc
 
@@ -32,6 +36,18 @@ def piece_fn(model):
         correct_bt = (jnp.argmax(logits_btv, axis=-1) == targets_bt).astype(jnp.float32)
         return nll_bt * weights_bt, correct_bt * weights_bt, cache
     return run
+
+
+def _rows_over_devices(params, rows: int):
+    """The sharding that splits `rows` over the mesh `params` live on, or None (one device, several
+    processes, or a row count the devices do not divide: the rows then go where jit puts them)."""
+    sharding = getattr(jax.tree.leaves(params)[0], "sharding", None)
+    if not isinstance(sharding, NamedSharding) or jax.process_count() > 1:
+        return None
+    mesh = sharding.mesh
+    if mesh.size == 1 or rows % mesh.size:
+        return None
+    return NamedSharding(mesh, PartitionSpec(mesh.axis_names))
 
 
 def sequence_scores(model, params, tokens_bl: np.ndarray, weights_bl: np.ndarray,
@@ -52,6 +68,9 @@ def sequence_scores(model, params, tokens_bl: np.ndarray, weights_bl: np.ndarray
     tokens_bl = np.pad(tokens_bl, ((0, 0), (0, padded - n_targets)))
     weights_bl = np.pad(np.asarray(weights_bl, np.float32), ((0, 0), (0, padded - n_targets)))
     run = piece_fn(model)
+    rows = _rows_over_devices(params, b)
+    if rows is not None:
+        tokens_bl, weights_bl = jax.device_put(tokens_bl, rows), jax.device_put(weights_bl, rows)
     cache = model.init_cache(b, padded)
     nlls, corrects = [], []
     for lo in range(0, padded, piece):

@@ -3,6 +3,10 @@ sigma = max(10, floor((L - C) / 10)), at most 11 windows a book, none for L <= C
 per window; a window's result does not depend on the windows before it (state reset); pieces and
 batches do not change the numbers; position buckets pool the right targets."""
 import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -12,6 +16,9 @@ from ssmgate.models import lm
 from ssmgate.models.config import ModelCfg
 from ssmgate.train import lm_eval
 from ssmgate.tasks import long_context as lc
+from tests.subprocess_env import with_cpu_devices
+
+REPO = Path(__file__).resolve().parents[2]
 
 CFG = ModelCfg(block="mamba3", vocab_size=16, d_model=16, n_layers=1, d_state=8, headdim=8, expand=2,
                dtype="float32")
@@ -92,3 +99,47 @@ def test_bucket_ppl_pools_targets_by_position(model_params):
         assert got[(lo, hi)] == pytest.approx(np.exp(nll[:, lo:hi].mean()), rel=1e-5)
     with pytest.raises(ValueError, match=r"bucket \[0, 40\)"):
         lm_eval.bucket_ppl(model, params, rows, [(0, 40)])
+
+
+def _two_device_scores():
+    """In a process with 2 CPU devices: the windowed scores with the parameters on one device and
+    replicated over a 2-device mesh, and the devices each piece's rows were laid over."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    model, params = lm.build_model(CFG), lm.init_params(CFG, jax.random.PRNGKey(0))
+    books = [np.random.default_rng(0).integers(0, 16, size=n) for n in (300, 170)]
+    mesh = Mesh(np.array(jax.devices()).reshape(1, 2), ("replica", "data"))
+    spread = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
+    seen = []
+    traced = lm_eval.piece_fn
+
+    def recording(model):
+        run = traced(model)
+
+        def spy(params, inputs, *rest):
+            seen.append(len(inputs.sharding.device_set) if isinstance(inputs, jax.Array) else 1)
+            return run(params, inputs, *rest)
+        return spy
+    lm_eval.piece_fn = recording
+    out = {}
+    for name, p, batch in (("one", params, 4), ("spread", spread, 4), ("odd_batch", spread, 3)):
+        seen.clear()
+        out[name] = lm_eval.windowed_ppl(model, p, books, 64, score_last=16, batch=batch, piece_len=32)["window_nll"]
+        out[name + "_devices"] = sorted(set(seen))
+    print("RESULT " + json.dumps(out))
+
+
+def test_rows_split_over_the_devices_the_params_live_on():
+    """A run trained over a mesh scores each window once, its rows split over the devices (replicated
+    rows would be scored on every device: half the speed on 2 CPU devices); the scores are the
+    one-device scores. A batch the devices do not divide stays unsplit."""
+    env = with_cpu_devices(2, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+    res = subprocess.run([sys.executable, __file__], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-4000:]
+    got = json.loads([ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT "):])
+    assert got["one_devices"] == [1] and got["spread_devices"] == [2] and got["odd_batch_devices"] == [1]
+    np.testing.assert_allclose(got["spread"], got["one"], rtol=1e-5)
+    np.testing.assert_allclose(got["odd_batch"], got["one"], rtol=1e-5)
+
+
+if __name__ == "__main__":
+    _two_device_scores()

@@ -21,7 +21,7 @@ from ssmgate.programs.p2_lm.long_eval import CELLS_FILE, LongEvalCfg
 from ssmgate.tasks import text_corpus, text_packing
 from ssmgate.train import loop, mesh as meshlib, optim
 from ssmgate.train.checkpoint import CheckpointError
-from tests.main_runs import run_many
+from tests.main_runs import dry_run_flag_files, run_many
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ModelCfg(block="mamba3", vocab_size=258, d_model=16, n_layers=2, d_state=8, headdim=8, expand=2)
@@ -311,13 +311,15 @@ def test_flag_files_dry_run():
     paths = ("experiments/p2/cpu/lm_rope05.flags", "experiments/p2/quick/lm_rope0.flags",
              "experiments/p2/cpu/lm_rope05_seed1.flags", "experiments/p2/cpu/lm_mimo.flags",
              "experiments/p2/lm_mimo.flags")
-    *results, bad = run_many([[f"--flagfile={path}", "--dry_run"] for path in paths] +
-                             [["--flagfile=experiments/p2/quick/lm_rope05.flags", "--init_official=x.safetensors",
-                               "--dry_run"]])
-    for path, res in zip(paths, results):
+    results = dry_run_flag_files(paths)  # the cpu files split each batch over two CPU devices
+    for path, res in results.items():
         assert res.returncode == 0, (path, res.stderr[-2000:])
         assert "long_eval: LongEvalCfg(" in res.stdout and "mesh {" in res.stdout
-    seed1, mimo, official = (results[i].stdout for i in (2, 3, 4))
+    for path in paths[:4]:
+        assert ("'data': 2" in results[path].stdout) == ("/cpu/" in path), (path, results[path].stdout[-500:])
+    seed1, mimo, official = (results[paths[i]].stdout for i in (2, 3, 4))
+    bad, = run_many([["--flagfile=experiments/p2/quick/lm_rope05.flags", "--init_official=x.safetensors",
+                      "--dry_run"]])
     assert "mimo_rank=4" in mimo and "chunk_size=16" in mimo and "official checkpoint" not in mimo
     assert "official checkpoint: checkpoints/mamba3_1p5b_mimo" in official and "published 21.12" in official
     assert "interventions=(), bc_window=None, heatmap_window=None, diag_len=0" in seed1 and "shuffle_seed=1" in seed1
