@@ -18,7 +18,6 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ssmgate.tasks import long_context as lc
