@@ -142,7 +142,6 @@ def build_run(model_cfg: ModelCfg, optim_cfg: optim.OptimCfg, replicas, *, sampl
                          "axis (use sample or host_sample)")
     if is_sweep:
         meshlib.check_replicas(len(replicas), mesh.shape["replica"])
-    if is_sweep:
         make = lambda: sweep.init_sweep(replicas, init, tx)
         shapes = jax.eval_shape(make)
         shard = sweep.sweep_shardings(shapes, mesh, mode)
