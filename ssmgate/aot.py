@@ -5,7 +5,8 @@ The program builds its sharded step as its run would (ssmgate.train.compile_step
 compile-only devices (ssmgate.train.topology: `v5p-8`, `v5e-16`, `v6e-64`, `v4-32`, multi-host
 included, or libtpu's `v5e:4x4`), and the real XLA:TPU and Mosaic compilers compile it on this
 machine; nothing runs and no data is read. One table follows: devices and hosts, the mesh,
-parameters, memory per device against its HBM, whether it fits, the compile time, the compiler's
+parameters, memory per device against the HBM the compiler can use there (ssmgate.train.topology),
+whether it fits with the program's code, the compile time, the compiler's
 FLOPs and its roofline estimate of the step as tokens/s and MFU (an estimate, not a measurement).
 A run that evaluates a converted checkpoint instead of training (the official Mamba-3 interventions)
 compiles its window forwards, the native model's and each intervention's, for one device of the

@@ -103,7 +103,8 @@ def compile_plan(plan: TrainPlan, topo: topology.Topology) -> dict:
 def measure(compiled, *, hbm: int, peak: float, bandwidth: float, tokens: int, useful_flops: float,
             devices: int = 1, loops: int = 1) -> dict:
     """A compiled program's memory per device (held at peak = arguments + outputs - aliased +
-    temporaries, against `hbm`), the compiler's FLOPs and bytes per device (times `loops` for a
+    temporaries; it fits when that and the program's code are within `hbm`, the HBM the compiler can
+    use, ssmgate.train.topology), the compiler's FLOPs and bytes per device (times `loops` for a
     loop's body, which XLA counts once) and their roofline at `peak` FLOP/s and `bandwidth` bytes/s
     a device: the step time, as tokens/s and as MFU (`useful_flops` over the `devices`' peak)."""
     memory = compiled.memory_analysis()
@@ -116,7 +117,8 @@ def measure(compiled, *, hbm: int, peak: float, bandwidth: float, tokens: int, u
     return {
         "argument_bytes": int(memory.argument_size_in_bytes), "output_bytes": int(memory.output_size_in_bytes),
         "alias_bytes": int(memory.alias_size_in_bytes), "temp_bytes": int(memory.temp_size_in_bytes),
-        "held_bytes": int(held), "fits": held <= hbm,
+        "code_bytes": int(memory.generated_code_size_in_bytes),
+        "held_bytes": int(held), "fits": held + memory.generated_code_size_in_bytes <= hbm,
         "xla_flops": flops, "xla_bytes": moved, "estimated_step_s": step_s,
         "estimated_tokens_per_s": tokens / step_s if step_s > 0 else None,
         "estimated_mfu": useful_flops / (step_s * peak * devices) if step_s > 0 else None,
@@ -150,7 +152,8 @@ def table(r: dict) -> str:
     ]
     if "refusal" in r:
         need = "" if r["temp_bytes"] is None else f"temporaries alone {gib(r['temp_bytes'])}, "
-        rows.append(("held at peak / device", f"{need}more than the {gib(r['hbm_bytes'])} of HBM: does not fit"))
+        rows.append(("held at peak / device", f"{need}more than the {gib(r['hbm_bytes'])} of HBM the compiler can "
+                                              "use: does not fit"))
     else:
         est = r["estimated_step_s"]
         k = r.get("microbatches", 1)
@@ -161,8 +164,10 @@ def table(r: dict) -> str:
             ("arguments / device", gib(r["argument_bytes"])),
             ("temporaries / device", gib(r["temp_bytes"])),
             ("outputs / device", f"{gib(r['output_bytes'])} ({gib(r['alias_bytes'])} in donated arguments)"),
-            ("held at peak / device", f"{gib(r['held_bytes'])} of {gib(r['hbm_bytes'])} HBM: "
-                                      f"{'fits' if r['fits'] else 'does not fit'}"),
+            ("program code / device", gib(r.get("code_bytes", 0))),
+            ("held at peak / device", f"{gib(r['held_bytes'])} and the code, of the {gib(r['hbm_bytes'])} of HBM the "
+                                      f"compiler can use: {'fits' if r['fits'] else 'does not fit'}"
+                                      + (f" ({gib(_spare(r))} spare)" if r["fits"] else "")),
             ("compiler FLOPs / device", f"{r['xla_flops']:.3e}" + loop_note + kernel_note),
             ("compiler's estimate", "no FLOPs or bytes counted" if not est else
              f"{est * 1e3:.1f} ms a {'piece' if forward else 'step'}, {r['estimated_tokens_per_s']:,.0f} tokens/s, MFU {r['estimated_mfu']:.1%} "
@@ -175,6 +180,11 @@ def table(r: dict) -> str:
                      f"({gib(r['hbm_bytes'])} of HBM): {r['refusal']}")
     elif not r["fits"]:
         lines.append(f"does not fit: {gib(r['held_bytes'])} held per device at the {'piece' if forward else 'step'}'s peak, "
-                     f"{gib(r['held_bytes'] - r['hbm_bytes'])} more than the {gib(r['hbm_bytes'])} of HBM a "
-                     f"{r['generation']} device has")
+                     f"{gib(-_spare(r))} more (with the program's code) than the {gib(r['hbm_bytes'])} of HBM "
+                     f"the compiler can use on a {r['generation']} device")
     return "\n".join(lines)
+
+
+def _spare(r: dict) -> int:
+    """HBM left on a device at the program's peak: usable - held - code (negative: the shortfall)."""
+    return r["hbm_bytes"] - r["held_bytes"] - r.get("code_bytes", 0)

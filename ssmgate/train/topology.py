@@ -12,6 +12,10 @@ the others are chips.
 
 Chip figures are the vendors' (Cloud TPU system architecture pages): HBM per chip, HBM bandwidth
 and dense bf16 peak FLOP/s (the peak shared with the progress line's MFU, ssmgate.train.throughput).
+What a program may hold is the compiler's figure instead: the HBM XLA:TPU says it can use on one
+compile-only device, which it states when it refuses a program ("exceeds available HBM (15.75G)",
+libtpu 0.0.42.1; tests/train/test_compile_step.py checks each generation's against libtpu): less
+than the vendor's HBM for v4, v5e and v6e, more than the vendor's 95 GiB for v5p.
 """
 from __future__ import annotations
 
@@ -29,7 +33,8 @@ GIB = 1 << 30
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-    hbm_bytes: int            # per chip
+    hbm_bytes: int            # per chip, the vendor's figure
+    usable_bytes: int         # per compile-only device, what XLA:TPU says it can use (to 0.01 GiB)
     hbm_bytes_per_s: float    # per chip
     cores_per_chip: int       # TensorCores; Cloud TPU's slice names count these for v4 and v5p
     dims: int                 # axes of libtpu's topology name
@@ -37,10 +42,10 @@ class Chip:
 
 
 CHIPS = {
-    "v4": Chip(32 * GIB, 1.2e12, 2, 3, "TPU v4"),
-    "v5e": Chip(16 * GIB, 8.19e11, 1, 2, "TPU v5 lite"),
-    "v5p": Chip(95 * GIB, 2.765e12, 2, 3, "TPU v5"),
-    "v6e": Chip(32 * GIB, 1.64e12, 1, 2, "TPU v6 lite"),
+    "v4": Chip(32 * GIB, int(15.25 * GIB), 1.2e12, 2, 3, "TPU v4"),
+    "v5e": Chip(16 * GIB, int(15.75 * GIB), 8.19e11, 1, 2, "TPU v5 lite"),
+    "v5p": Chip(95 * GIB, int(95.74 * GIB), 2.765e12, 2, 3, "TPU v5"),
+    "v6e": Chip(32 * GIB, int(31.25 * GIB), 1.64e12, 1, 2, "TPU v6 lite"),
 }
 # Chips per axis of the slices Cloud TPU sells (the smallest of each size).
 GRID_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
@@ -67,10 +72,10 @@ class Topology:
         return peak_for_kind(self.chip.device_kind)
 
     def per_device(self, n_devices: int) -> tuple[int, float, float]:
-        """(HBM bytes, peak FLOP/s, HBM bytes/s) of one of the slice's `n_devices` compile-only
-        devices: a chip's, or a v4 TensorCore's half of it."""
+        """(usable HBM bytes, peak FLOP/s, HBM bytes/s) of one of the slice's `n_devices` compile-only
+        devices: a chip's, or a v4 TensorCore's half of it. The HBM is the compiler's usable figure."""
         share = n_devices // self.chips
-        return self.chip.hbm_bytes // share, self.peak_flops_per_chip / share, self.chip.hbm_bytes_per_s / share
+        return self.chip.usable_bytes, self.peak_flops_per_chip / share, self.chip.hbm_bytes_per_s / share
 
 
 def parse(name: str) -> Topology:

@@ -5,6 +5,7 @@ The default suite compiles a small step for one multi-host slice and runs the co
 flag file; every paper-scale flag file, at the topology its header names, is the slow matrix
 (tests/train/test_paper_topologies.py)."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,8 +56,9 @@ def _plan(block="mamba2", batch=16, seq_len=64, vocab=256, replicas=1, mesh=Mesh
 def test_a_step_compiles_for_a_multi_host_slice_and_reports_its_memory():
     r = compile_step.compile_plan(_plan(), topology.parse("v5e-16"))
     assert (r["devices"], r["hosts"], r["mesh"]) == (16, 4, {"replica": 1, "data": 16, "model": 1})
-    assert r["fits"] and 0 < r["held_bytes"] < r["hbm_bytes"] == 16 * topology.GIB
+    assert r["fits"] and 0 < r["held_bytes"] + r["code_bytes"] < r["hbm_bytes"] == topology.CHIPS["v5e"].usable_bytes
     assert r["held_bytes"] == r["argument_bytes"] + r["output_bytes"] - r["alias_bytes"] + r["temp_bytes"]
+    assert r["code_bytes"] > 0  # the program's code lives in HBM too
     assert r["alias_bytes"] > 0  # the state is donated: the new state reuses its buffers
     assert r["xla_flops"] > 0 and 0 < r["estimated_mfu"] < 1
     # partitioned over 16 devices, the kernel (a custom call XLA cannot partition) gives way to the chunked form
@@ -131,9 +133,53 @@ def test_the_table_names_the_shortfall():
          "argument_bytes": 2 * topology.GIB, "output_bytes": 2 * topology.GIB, "alias_bytes": 2 * topology.GIB,
          "temp_bytes": 18 * topology.GIB, "held_bytes": 20 * topology.GIB, "fits": False, "xla_flops": 1e12,
          "xla_bytes": 1e9, "estimated_step_s": 0.01, "estimated_tokens_per_s": 12800.0, "estimated_mfu": 0.5,
-         "mosaic_kernels": 0}
+         "mosaic_kernels": 0, "code_bytes": 512 << 20}
     last = compile_step.table(r).splitlines()[-1]
-    assert last.startswith("does not fit: 20.00 GiB held per device") and "4.00 GiB more than the 16.00 GiB" in last
+    assert last.startswith("does not fit: 20.00 GiB held per device")
+    assert "4.50 GiB more (with the program's code) than the 16.00 GiB of HBM the compiler can use" in last
+
+
+def test_a_step_within_the_hbm_but_not_with_its_code_does_not_fit():
+    measured = {"argument_bytes": 4 * topology.GIB, "output_bytes": 0, "alias_bytes": 0, "temp_bytes": topology.GIB}
+
+    class Compiled:
+        def memory_analysis(self):
+            return type("M", (), {**{f"{k[:-6]}_size_in_bytes": v for k, v in measured.items()},
+                                  "generated_code_size_in_bytes": 64 << 20})()
+
+        def cost_analysis(self):
+            return {"flops": 1e9, "bytes accessed": 1e9}
+
+        def as_text(self):
+            return ""
+
+    hbm = 5 * topology.GIB + (32 << 20)
+    r = compile_step.measure(Compiled(), hbm=hbm, peak=1e12, bandwidth=1e11, tokens=100, useful_flops=1e9)
+    assert r["held_bytes"] == 5 * topology.GIB < hbm and not r["fits"]
+    assert compile_step.measure(Compiled(), hbm=hbm + (32 << 20), peak=1e12, bandwidth=1e11, tokens=100,
+                                useful_flops=1e9)["fits"]
+
+
+@needs_libtpu
+@pytest.mark.parametrize("generation,libtpu_name", [("v4", "v4:2x2x1"), ("v5e", "v5e:2x2"), ("v5p", "v5p:2x2x1"),
+                                                    ("v6e", "v6e:2x2")])
+def test_the_usable_hbm_is_what_the_compiler_states(generation, libtpu_name):
+    """A program whose temporaries are twice a chip's HBM, on one device: XLA:TPU refuses it and states the
+    HBM it can use ('exceeds available HBM (15.75G)', in GiB); the table's figure is that one."""
+    import jax.numpy as jnp
+    device = topology.devices(libtpu_name)[0]
+    n = topology.CHIPS[generation].hbm_bytes // 4
+    x = jax.ShapeDtypeStruct((n,), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(device))
+    def f(v):  # two arrays of the argument's size alive at once, besides it
+        a = jnp.sin(v)
+        b = jnp.cos(v) * a[::-1]
+        return (a * b[::-1]).sum() + (b * a).sum()
+
+    with pytest.raises(jax.errors.JaxRuntimeError) as refused:
+        jax.jit(f).lower(x).compile()
+    stated = re.search(r"available HBM \(([0-9.]+)G\)", str(refused.value))
+    assert stated, str(refused.value)[:500]
+    assert abs(float(stated.group(1)) * topology.GIB - topology.CHIPS[generation].usable_bytes) < 0.01 * topology.GIB
 
 
 REPO = Path(__file__).resolve().parents[2]
