@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from ssmgate import platform_env
@@ -165,11 +166,11 @@ def test_a_step_within_the_hbm_but_not_with_its_code_does_not_fit():
                                                     ("v6e", "v6e:2x2")])
 def test_the_usable_hbm_is_what_the_compiler_states(generation, libtpu_name):
     """A program whose temporaries are twice a chip's HBM, on one device: XLA:TPU refuses it and states the
-    HBM it can use ('exceeds available HBM (15.75G)', in GiB); the table's figure is that one."""
-    import jax.numpy as jnp
+    HBM it can use ('exceeds available HBM (15.75G)', in GiB); ssmgate.train.topology's figure is that one."""
     device = topology.devices(libtpu_name)[0]
     n = topology.CHIPS[generation].hbm_bytes // 4
     x = jax.ShapeDtypeStruct((n,), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(device))
+
     def f(v):  # two arrays of the argument's size alive at once, besides it
         a = jnp.sin(v)
         b = jnp.cos(v) * a[::-1]
