@@ -114,11 +114,11 @@ def measure(compiled, *, hbm: int, peak: float, bandwidth: float, tokens: int, u
             + memory.temp_size_in_bytes)
     flops, moved = loops * float(cost.get("flops", 0.0)), loops * float(cost.get("bytes accessed", 0.0))
     step_s = max(flops / peak, moved / bandwidth)
+    sizes = {"hbm_bytes": hbm, "held_bytes": int(held), "code_bytes": int(memory.generated_code_size_in_bytes)}
     return {
         "argument_bytes": int(memory.argument_size_in_bytes), "output_bytes": int(memory.output_size_in_bytes),
         "alias_bytes": int(memory.alias_size_in_bytes), "temp_bytes": int(memory.temp_size_in_bytes),
-        "code_bytes": int(memory.generated_code_size_in_bytes),
-        "held_bytes": int(held), "fits": held + memory.generated_code_size_in_bytes <= hbm,
+        "code_bytes": sizes["code_bytes"], "held_bytes": sizes["held_bytes"], "fits": _spare(sizes) >= 0,
         "xla_flops": flops, "xla_bytes": moved, "estimated_step_s": step_s,
         "estimated_tokens_per_s": tokens / step_s if step_s > 0 else None,
         "estimated_mfu": useful_flops / (step_s * peak * devices) if step_s > 0 else None,
@@ -164,7 +164,7 @@ def table(r: dict) -> str:
             ("arguments / device", gib(r["argument_bytes"])),
             ("temporaries / device", gib(r["temp_bytes"])),
             ("outputs / device", f"{gib(r['output_bytes'])} ({gib(r['alias_bytes'])} in donated arguments)"),
-            ("program code / device", gib(r.get("code_bytes", 0))),
+            ("program code / device", gib(r["code_bytes"])),
             ("held at peak / device", f"{gib(r['held_bytes'])} and the code, of the {gib(r['hbm_bytes'])} of HBM the "
                                       f"compiler can use: {'fits' if r['fits'] else 'does not fit'}"
                                       + (f" ({gib(_spare(r))} spare)" if r["fits"] else "")),
@@ -187,4 +187,4 @@ def table(r: dict) -> str:
 
 def _spare(r: dict) -> int:
     """HBM left on a device at the program's peak: usable - held - code (negative: the shortfall)."""
-    return r["hbm_bytes"] - r["held_bytes"] - r.get("code_bytes", 0)
+    return r["hbm_bytes"] - r["held_bytes"] - r["code_bytes"]
