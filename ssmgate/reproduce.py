@@ -232,10 +232,11 @@ def write_report(where: RunDir, header: str, fresh: dict, summary: dict, failed:
             kept[n] = replace_checks_table(kept[n], merged[n]["checks"])
     merged["scale"] = scale
     merged["failed_runs"] = failed
-    merged["claims"] = claims.rows(merged)
+    rows = registry.claim_rows()
+    merged["claims"] = claims.rows(merged, rows)
     sections = {**kept, **fresh}
     reference = committed_cpu_summary() if scale != "cpu" else None
-    text = (header + "\n" + scale_note(scale) + claims.markdown(merged, scale, reference) + "\n"
+    text = (header + "\n" + scale_note(scale) + claims.markdown(merged, scale, rows, reference) + "\n"
             + "\n".join(_marked(n, sections[n]) for n in EXPERIMENTS if n in sections))
     where.write_json("summary.json", merged)
     where.write_text("report.md", text)

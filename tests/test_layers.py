@@ -23,7 +23,7 @@ LAYERS = [
     {"cli"},
     {"report"},
     {"programs"},   # the registry and every experiment package (which may not import each other)
-    {"main", "reproduce", "bench", "aot"},
+    {"main", "reproduce", "ladder", "bench", "aot"},
 ]
 
 

@@ -7,7 +7,9 @@ A program is a package (`ssmgate.programs.<name>`; docs/extending.md adds one st
   reads), `config_from_flags()`, `describe(cfg)` and `run(cfg, run_dir)`;
 - `program.py`: the run itself; and, for an experiment of the reproduction report,
 - `report.py`: `build` (the report section and its summary entry, checks included) and `recheck`
-  (an entry judged again by today's checks), what ssmgate.reproduce calls.
+  (an entry judged again by today's checks), what ssmgate.reproduce calls;
+- `claims.py`: `BARS` (its checks' thresholds, each with its source), `CLAIMS` (its rows of the claim
+  table, naming its checks) and `UNCLAIMED_CHECKS` (checks of this project's budgets, no paper's claim).
 No program imports another: what two share lives in a lower layer (ssmgate.train, ssmgate.cli,
 ssmgate.report, ...); tests/test_layers.py holds that.
 """
@@ -36,6 +38,10 @@ class Program:
     def report(self) -> ModuleType:
         return self.module("report")
 
+    @property
+    def claims(self) -> ModuleType:
+        return self.module("claims")
+
 
 PROGRAMS = {p.name: p for p in (
     Program("p1_fig1", "ssmgate.programs.p1_fig1", "p1", ("fig1a", "fig1b", "fig1c", "fig1d")),
@@ -53,6 +59,17 @@ PROGRAMS = {p.name: p for p in (
 
 # The experiments of the reproduction report, in its order.
 EXPERIMENTS = {name: p for name, p in PROGRAMS.items() if p.paper is not None}
+
+
+def claim_rows() -> tuple:
+    """Every experiment's rows of the claim table, in the report's order."""
+    return tuple(c for p in EXPERIMENTS.values() for c in p.claims.CLAIMS)
+
+
+def check_bars():
+    """Every experiment's thresholds as one table (docs/reproduction.md#thresholds), in the report's order."""
+    from ssmgate.report import check_bars as bars
+    return bars.merged((name, p.claims.BARS) for name, p in EXPERIMENTS.items())
 
 
 def define_all_flags() -> None:

@@ -1,11 +1,13 @@
 """Every threshold of the reproduction checks, pinned: loosening one must change this test too.
 
-Also: docs/reproduction.md carries the same table, every report module reads its bars from
-check_bars (no threshold literal of its own), and every check the modules make names its claim
-and the source of its threshold.
+Each experiment owns its bars (ssmgate/programs/<name>/claims.py); the registry collects them in the
+report's order, and docs/reproduction.md carries the same table.
 """
 from pathlib import Path
 
+import pytest
+
+from ssmgate.programs import registry
 from ssmgate.report import check_bars
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,11 +26,18 @@ PINNED = {
 
 
 def test_every_bar_is_pinned_and_has_a_source():
-    assert {k: b.value for k, b in check_bars.BARS.items()} == PINNED
-    for name, b in check_bars.BARS.items():
+    bars = registry.check_bars()
+    assert {k: b.value for k, b in bars.items()} == PINNED
+    for name, b in bars.items():
         assert b.source and ("P1" in b.source or "P2" in b.source or b.source.startswith("ours")), name
 
 
 def test_the_docs_carry_the_same_table():
     docs = (REPO / "docs" / "reproduction.md").read_text()
-    assert check_bars.markdown_table() in docs, "regenerate the table of docs/reproduction.md#thresholds"
+    assert check_bars.markdown_table(registry.check_bars()) in docs, "regenerate the table of docs/reproduction.md#thresholds"
+
+
+def test_two_experiments_may_not_share_a_bar_name():
+    one = {"tol": check_bars.Bar(0.1, "ours: a")}
+    with pytest.raises(ValueError, match="'tol' is defined by both a and b"):
+        check_bars.merged([("a", one), ("b", one)])

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ssmgate.interventions import phase_trajectories as pt
-from ssmgate.programs.p2_lm import report
+from ssmgate.programs.p2_lm import claims as p2_lm_claims, report
 from ssmgate.report import claims
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,7 +64,7 @@ def test_table7_is_two_claims():
 def test_the_claim_rows_of_fig2_and_table7():
     entry = copy.deepcopy(COMMITTED)
     entry["checks"] = report.recheck(entry)
-    rows = claims.rows({"p2_lm": entry})
+    rows = claims.rows({"p2_lm": entry}, p2_lm_claims.CLAIMS)
     assert rows["P2 Table 7"]["status"] == "partly" and rows["P2 Table 7"]["checks"] == [
         "table7_each_single_removal_gt_remove_both_gt_native", "table7_remove_C_gt_remove_B"]
     assert rows["P2 Fig 2"]["status"] == "reproduced" and rows["P2 Fig 2"]["checks"] == sorted([WIDER_HURTS, IN_RANGE])
@@ -128,7 +128,7 @@ def test_fig4_check_asks_for_ordered_classes_an_order_of_magnitude_apart():
     assert report.checks(skipped)[name] is False
     entry = _fig4((10.0, 40.0, 300.0))
     entry["checks"] = report.checks(entry)
-    row = claims.rows({"p2_lm": entry})["P2 Fig 4"]
+    row = claims.rows({"p2_lm": entry}, p2_lm_claims.CLAIMS)["P2 Fig 4"]
     assert row["status"] == "reproduced" and row["checks"] == [name]
     assert row["ours"] == "cycles slow / medium / fast 1.592 / 6.366 / 47.746; travel fast / slow x30"
 
@@ -157,7 +157,7 @@ def test_figs_8_9_checks_compare_the_last_step_beyond_the_seed_spread():
     assert one_seed[below] is False and one_seed[widens] is False
     entry = _curves(rot, {"1024": [4.2, 4.3], "8192": [5.0, 5.1]})
     entry["checks"] = report.checks(entry)
-    row = claims.rows({"p2_lm": entry})["P2 Figs 8-9"]
+    row = claims.rows({"p2_lm": entry}, p2_lm_claims.CLAIMS)["P2 Figs 8-9"]
     assert row["status"] == "reproduced" and row["checks"] == sorted([below, widens])
     assert row["ours"] == "C=8192: rotation 4, no rotation 5"
 

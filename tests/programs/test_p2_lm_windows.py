@@ -8,7 +8,7 @@ import pytest
 from ssmgate.models import lm
 from ssmgate.models.config import ModelCfg
 from ssmgate.programs.p2_lm.long_eval import LongEvalCfg, WindowBooks, cell_key, window_books
-from ssmgate.report import check_bars
+from ssmgate.programs.p2_lm.claims import BARS
 from ssmgate.tasks import long_context as lc
 from ssmgate.train import lm_eval
 
@@ -85,7 +85,7 @@ def test_bootstrap_interval_contains_the_estimate_and_is_reproducible():
     assert lc.bootstrap_ppl([], 100) is None and lc.bootstrap_ratio([], [], 100) is None
     with pytest.raises(ValueError, match="expected the same windows"):
         lc.bootstrap_ratio(nll, nll[:10], 100)
-    assert lc.BOOTSTRAP_LEVEL == check_bars.bar("lm_ci_level")  # the checks' bar is the evaluation's level
+    assert lc.BOOTSTRAP_LEVEL == BARS.bar("lm_ci_level")  # the checks' bar is the evaluation's level
 
 
 def test_windowed_ppl_on_aligned_windows():

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from ssmgate.programs.p2_theory import program as p2_theory
-from ssmgate.programs.p2_theory import report
+from ssmgate.programs.p2_theory import claims as theory_claims, report
 from ssmgate.report import claims
 from tests.main_runs import REPO, run_many
 
@@ -89,13 +89,13 @@ def test_the_section_and_the_claim_row(summary, tmp_path):
     assert "![spectra](figures/p2_theory_spectra.png)" in md and (tmp_path / "fig" / "p2_theory_spectra.png").exists()
     for name in entry["checks"]:
         assert f"| {name} |" in md
-    row = claims.rows({"p2_theory": entry})["P2 theory"]
+    row = claims.rows({"p2_theory": entry}, theory_claims.CLAIMS)["P2 theory"]
     assert row["status"] == "reproduced" and row["checks"] == sorted(entry["checks"])
     assert row["ours"] == f"type as stated on {6 * DRAWS} of {6 * DRAWS} draws; gain 100 / 0.711"
     wrong = copy.deepcopy(entry)
     wrong["gain"]["simulated"]["0"] = 90.0
     wrong["checks"] = report.recheck(wrong)
-    assert claims.rows({"p2_theory": wrong})["P2 theory"]["status"] == "partly"
+    assert claims.rows({"p2_theory": wrong}, theory_claims.CLAIMS)["P2 theory"]["status"] == "partly"
     _, missing = report.build({}, "cpu", {"theory": []}, {}, tmp_path / "fig", run_dir.parent)
     assert "Runs without a summary (failed or not run): theory" in missing
 

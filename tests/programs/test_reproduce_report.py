@@ -25,7 +25,7 @@ def test_partial_invocation_keeps_earlier_experiments(tmp_path):
     # a kept entry is checked again by today's checks (none for this stand-in entry)
     assert written["failed_runs"] == ["p1_kv/kv_best_last"] and written["p1_fig1"] == {"value": "p1_fig1", "checks": {}}
     assert text.index("## What reproduced") < text.index("## Fig 1") and set(written["claims"]) == {
-        c.key for c in reproduce.claims.CLAIMS}
+        c.key for c in reproduce.registry.claim_rows()}
 
 
 def test_other_scale_or_unmarked_report_is_not_kept(tmp_path):

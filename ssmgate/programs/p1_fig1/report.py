@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ssmgate.report import check_bars as bars
 from ssmgate.report.format import Checks, cell as _f, checks_table, table as _table
+
+from .claims import BARS as bars
 
 PAPER = {  # the paper's readings and protocol §2.6 / §9.1 references
     "alpha_star": 0.158, "no_decay_accuracy": 0.638,

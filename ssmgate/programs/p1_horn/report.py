@@ -17,7 +17,7 @@ with figures 3b (no-oracle accuracy vs step per offset), 3c (random-oracle-name 
 run exists) and Table 1 beside the paper's values (protocol §2.5; each offset against the paper column of the
 nearest inferred delta).
 
-Checks (`checks`; thresholds and their sources in check_bars.py; weakest gate = smallest delta,
+Checks (`checks`; thresholds and their sources in claims.py; weakest gate = smallest delta,
 strongest = largest; orderings strict, except where the paper's own curves tie: near-perfect gates
 share the first rank in Fig 3d): the Fig 3b/3c probes early and at the end, whether the retrieval
 run's strong gate can copy at all (from the length-generalisation run at the same offset), Fig 3d at
@@ -31,9 +31,10 @@ from pathlib import Path
 import numpy as np
 
 from ssmgate.plotting import pyplot
-from ssmgate.report import check_bars as bars
 from ssmgate.report.format import Checks, cell, report_tail, table
 from ssmgate.report.sweeps import ci_text, curves_by_offset, draw_lengen_bands, offset_colors, offset_keys
+
+from .claims import BARS as bars
 
 RUNS = ("horn_retrieval", "horn_lengen", "horn_transformer")
 PROBES = {"no_oracle": "no-oracle (memorisation probe)", "random_oracle_name": "random oracle name (retrieval probe)"}
@@ -93,7 +94,7 @@ def _within_factor(ours, paper, factor) -> bool:
 
 
 def checks(entry: dict) -> Checks:
-    """The P1 Fig 3 / Table 1 claims at the papers' bars (check_bars.py); every ordering strict."""
+    """The P1 Fig 3 / Table 1 claims at the papers' bars (claims.py); every ordering strict."""
     out = Checks()
     gap = bars.bar("horn_rand_name_gap")
     if len(entry.get("no_oracle", {})) > 1:

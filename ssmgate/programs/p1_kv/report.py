@@ -11,7 +11,7 @@ with figures 2a (eval sequence accuracy vs step per offset, the seed with the me
 2b (escape step vs e^delta, the linear fit and R^2) and 2c (sequence accuracy vs pairs n with 95%
 CI bands, the Transformer beside) next to the paper's reference values (protocol §3.4).
 
-Checks (`checks`; thresholds and their sources in check_bars.py; orderings strict, except that gates
+Checks (`checks`; thresholds and their sources in claims.py; orderings strict, except that gates
 which never escape tie, as the paper's delta >= 0 gates do): the plateau against the memoriser, the
 escape order and the weakest gate's escape, Fig 2b's R^2 over the escapes of at least three offsets,
 and Fig 2c: at 4N the strongest gate strictly best and above the Transformer, and at the training
@@ -26,9 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from ssmgate.plotting import pyplot
-from ssmgate.report import check_bars as bars
 from ssmgate.report.format import Checks, cell, report_tail, table
 from ssmgate.report.sweeps import ci_text, curves_by_offset, draw_lengen_bands, offset_keys
+
+from .claims import BARS as bars
 
 RUNS = ("kv_best_first", "kv_best_last", "kv_transformer")
 PAPER = {"plateau": 0.43, "r2": 0.816, "offset_plus1_at_2048": 0.35}  # protocol §3.4
@@ -88,7 +89,7 @@ def collect(runs: dict) -> dict:
 
 
 def checks(runs: dict, entry: dict) -> Checks:
-    """The P1 Fig 2 claims at the papers' bars (check_bars.py); orderings strict but for never-escapers."""
+    """The P1 Fig 2 claims at the papers' bars (claims.py); orderings strict but for never-escapers."""
     out = Checks()
     tol = bars.bar("kv_plateau_tol")
     if entry.get("plateau_accuracy") is not None:

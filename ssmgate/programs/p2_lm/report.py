@@ -31,8 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from ssmgate.plotting import pyplot
-from ssmgate.report import check_bars as bars
 from ssmgate.report.format import Checks, report_tail, table
+
+from .claims import BARS as bars
 
 RUNS = {"lm_rope05": "rotation", "lm_rope0": "no_rotation"}  # seed 0: every measurement
 SEED_RUNS = {"lm_rope05": ("rotation", 0), "lm_rope0": ("no_rotation", 0),  # the seed spread of the PPL claims
@@ -161,7 +162,7 @@ def _mean_change_by_width(cells: list) -> dict:
 
 
 def checks(entry: dict) -> Checks:
-    """The P2 LM claims at the papers' bars (check_bars.py); every ordering strict."""
+    """The P2 LM claims at the papers' bars (claims.py); every ordering strict."""
     out = Checks()
     seeds, win_seeds = entry.get("ppl_seeds", {}), entry.get("window_ppl_seeds", {})
     if {"rotation", "no_rotation"} <= set(entry["ppl"]):

@@ -4,15 +4,16 @@
 "table8", "complex_kda_boundary", "closed_form", "modal", "gain", "config") and returns that summary
 with its checks, scale changes and wall time as the entry, and the section: P2 Table 8 (App. A)
 beside ours over random draws, App. C's facts beside ours, and the checks. Every check states a
-claim of P2 first and reads its threshold from ssmgate.report.check_bars.
+claim of P2 first and reads its threshold from this package's claims.py.
 """
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-from ssmgate.report import check_bars as bars
 from ssmgate.report.format import Checks, cell, report_tail, table
+
+from .claims import BARS as bars
 
 RUN = "theory"
 FAMILY_NAMES = {
@@ -49,7 +50,7 @@ def _damping_column_holds(name: str, f: dict) -> bool:
 
 
 def checks(entry: dict) -> Checks:
-    """P2 App. A / App. C as checks C3-C5 of protocol §9 state them; thresholds from check_bars."""
+    """P2 App. A / App. C as checks C3-C5 of protocol §9 state them; thresholds from claims.py."""
     out = Checks()
     fams = entry.get("table8")
     if fams:
