@@ -20,15 +20,16 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from ssmgate.cores import auto, damped, rotation, rotation_mimo, scalar_decay
+from ssmgate.cores import auto, registry
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "runs/bench/cores.json", "Where to write the JSON results.")
 flags.DEFINE_list("shape", ["2", "2048", "8", "64", "64", "1", "16"], "b,t,h,p,n,g,r of the benchmark inputs.")
-flags.DEFINE_list("core", ["scalar_decay", "rotation", "damped"], "Cores to benchmark.")
+flags.DEFINE_list("core", list(registry.benchmarked()), "Cores to benchmark (those of ssmgate/cores/registry.py "
+                  "with a FLOP model).")
 flags.DEFINE_list("chunk_sizes", ["16", "32", "64", "128"], "Chunk sizes tried for the chunked scalar_decay and rotation.")
-flags.DEFINE_list("damped_chunk_sizes", ["4", "8", "16"], "Chunk sizes tried for the chunked damped core (its "
-                  "transports cost O(chunk^2) per chunk, so they are shorter).")
+flags.DEFINE_list("damped_chunk_sizes", ["4", "8", "16"], "Chunk sizes tried for a core whose chunked form costs "
+                  "O(chunk^2) per chunk (the damped core's transports), so they are shorter.")
 flags.DEFINE_integer("reps", 5, "Timed repetitions per row (the minimum is reported).", lower_bound=1)
 flags.DEFINE_float("max_seconds", 20.0, "Stop repeating a row once this much time was spent on it.", lower_bound=0.0)
 flags.DEFINE_bool("write_auto_table", False, "Measure the auto size classes and write the auto table.")
@@ -43,9 +44,14 @@ flags.DEFINE_enum("backend", "cpu", ["cpu", "gpu", "tpu"],
 
 # Mamba-2-130M-like (24 heads of 64 x 128, one group; rotation turns half the state's pairs)
 DEVICE_SHAPE = (8, 2048, 24, 64, 128, 1, 32)
-ALGORITHMS = {"scalar_decay": ("sequential", "associative", "chunked"),
-              "rotation": ("sequential", "associative", "chunked"),
-              "damped": ("sequential", "associative", "chunked")}
+
+
+def cpu_algorithms(core: str) -> tuple[str, ...]:
+    """What the CPU benchmark times for a core: every exact algorithm but the Pallas kernel (which only
+    interprets on CPU), and `auto` where ssmgate.cores.auto knows the core."""
+    exact = tuple(a for a in registry.get(core).algorithms if a != "pallas")
+    return exact + (("auto",) if core in auto.FALLBACK else ())
+
 # Size classes of the auto table: (max_t, the t measured for it); None = no upper bound.
 AUTO_CLASSES = ((32, 32), (256, 256), (1024, 1024), (None, 2048))
 # Width classes: (max per-head state size p·n, the (b, h, p, n) measured for it); None = no upper
@@ -54,27 +60,34 @@ AUTO_CLASSES = ((32, 32), (256, 256), (1024, 1024), (None, 2048))
 AUTO_WIDTHS = ((512, (32, 4, 16, 16)), (None, None))
 
 
-def make_inputs(core: str, b: int, t: int, h: int, p: int, n: int, g: int, r: int, seed: int = 0) -> dict:
-    """Float32 inputs in the ranges a trained Mamba-2/3 layer sees (dt in [1e-3, 1e-1], A in [-16, -1])."""
+def _draw(rng, draw: str, size: tuple, n: int):
+    """One input's values (registry.DRAWS): the ranges a trained Mamba-2/3 layer sees."""
+    if draw == "normal":
+        return rng.normal(size=size)
+    if draw == "normal_over_sqrt_n":
+        return rng.normal(size=size) / np.sqrt(n)
+    if draw == "log_uniform_dt":   # dt in [1e-3, 1e-1]
+        return np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), size=size))
+    if draw in ("minus_uniform_1_16", "uniform_1_16"):   # decay rates A in [-16, -1]
+        return (-1 if draw.startswith("minus") else 1) * rng.uniform(1.0, 16.0, size=size)
+    if draw == "pi_tanh_normal":
+        return np.pi * np.tanh(rng.normal(size=size))
+    if draw == "sigmoid_normal":
+        return 1.0 / (1.0 + np.exp(-rng.normal(size=size)))
+    raise ValueError(f"unknown draw {draw!r}; expected one of {registry.DRAWS}")
+
+
+def _shape(axes: str, b, t, h, p, n, g, r, rank) -> tuple:
+    sizes = dict(b=b, t=t, h=h, p=p, n=n, g=g, r=r, k=rank)
+    return tuple(sizes[a] for a in axes)
+
+
+def make_inputs(core: str, b: int, t: int, h: int, p: int, n: int, g: int, r: int, seed: int = 0,
+                rank: int = 4) -> dict:
+    """Float32 inputs of `core` (ssmgate.cores.registry) at these sizes, drawn in the registry's order."""
     rng = np.random.default_rng(seed)
-    f32 = lambda a: jnp.asarray(a, jnp.float32)
-    inputs = {
-        "x": f32(rng.normal(size=(b, t, h, p))),
-        "dt": f32(np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), size=(b, t, h)))),
-        "B": f32(rng.normal(size=(b, t, g, n)) / np.sqrt(n)),
-        "C": f32(rng.normal(size=(b, t, g, n)) / np.sqrt(n)),
-        "D": f32(rng.normal(size=(h,))),
-    }
-    if core == "damped":
-        inputs["a"] = f32(rng.uniform(1.0, 16.0, size=(h,)))
-        inputs["nu"] = f32(np.pi * np.tanh(rng.normal(size=(b, t, h, r))))
-    else:
-        inputs["A"] = f32(-rng.uniform(1.0, 16.0, size=(h,)))
-    if core == "rotation":
-        inputs["theta"] = f32(np.pi * np.tanh(rng.normal(size=(b, t, h, r))))
-    if core in ("rotation", "damped"):
-        inputs["trap"] = f32(1.0 / (1.0 + np.exp(-rng.normal(size=(b, t, h)))))
-    return inputs
+    return {i.name: jnp.asarray(_draw(rng, i.draw, _shape(i.axes, b, t, h, p, n, g, r, rank), n), jnp.float32)
+            for i in registry.get(core).inputs}
 
 
 HALF_INPUTS = ("x", "B", "C")   # the inputs of a bf16 model in bf16; dt, A, theta, trap, D stay float32
@@ -84,56 +97,22 @@ def input_structs(core: str, b: int, t: int, h: int, p: int, n: int, g: int, r: 
                   rank: int = 4, sharding=None) -> dict:
     """The shapes and dtypes of `core_fn(core, ...)`'s inputs (HALF_INPUTS in `dtype`), for lowering and
     compiling without data; rotation_mimo's x, B, C carry a rank axis of `rank`."""
-    dims = {"x": (b, t, h, p), "dt": (b, t, h), "A": (h,), "B": (b, t, g, n), "C": (b, t, g, n), "D": (h,)}
-    if core in ("rotation", "rotation_mimo"):
-        dims.update(theta=(b, t, h, r), trap=(b, t, h))
-    if core == "rotation_mimo":
-        dims.update(x=(b, t, h, rank, p), B=(b, t, g, rank, n), C=(b, t, g, rank, n))
-    if core == "damped":
-        dims.update(a=dims.pop("A"), nu=(b, t, h, r), trap=(b, t, h))
-    return {k: jax.ShapeDtypeStruct(s, dtype if k in HALF_INPUTS else jnp.float32, sharding=sharding)
-            for k, s in dims.items()}
+    return {i.name: jax.ShapeDtypeStruct(_shape(i.axes, b, t, h, p, n, g, r, rank),
+                                         dtype if i.name in HALF_INPUTS else jnp.float32, sharding=sharding)
+            for i in registry.get(core).inputs}
 
 
 def core_fn(core: str, algorithm: str, chunk_size=None):
     """f(inputs) -> (y, final_state) for one core/algorithm, with the benchmark's fixed options."""
-    if core == "scalar_decay":
-        return lambda i: scalar_decay(i["x"], i["dt"], i["A"], i["B"], i["C"], i["D"],
-                                      algorithm=algorithm, chunk_size=chunk_size)
-    if core == "rotation":
-        return lambda i: rotation(i["x"], i["dt"], i["A"], i["B"], i["C"], i["theta"], i["D"], trap=i["trap"],
-                                  algorithm=algorithm, chunk_size=chunk_size)
-    if core == "rotation_mimo":
-        return lambda i: rotation_mimo(i["x"], i["dt"], i["A"], i["B"], i["C"], i["theta"], i["D"], trap=i["trap"],
-                                       algorithm=algorithm, chunk_size=chunk_size)
-    return lambda i: damped(i["x"], i["dt"], i["a"], i["nu"], i["B"], i["C"], i["D"], regime="under",
-                            trap=i["trap"], algorithm=algorithm, chunk_size=chunk_size)
+    return registry.get(core).call(algorithm, chunk_size)
 
 
 def flop_count(core: str, algorithm: str, chunk, b, t, h, p, n, g, r) -> float:
-    """Multiply-adds counted as 2 FLOPs; forward pass. Elementwise work is counted where it is of the
-    order of the matmuls (the sequential update), ignored where it is O(t h) or O(t h Q)."""
-    if algorithm == "chunked" and core == "damped":
-        q, rest = chunk, n - 2 * r
-        # Per head and pair: the transports (Q + 1 2x2 products per token), Phi B (2x2 by 2-vector
-        # for Q sources) and the kernel's C reads; then the SSD-like matmuls on the 2r pair channels,
-        # and the scalar-decay SSD of the other channels.
-        pairs = (h * r * (16 * (q + 1) + 12 * q + 8) + 2 * q * h * p + 8 * h * p * r) if r else 0
-        others = (2 * q * rest * g + 2 * q * h * p + 4 * h * p * rest) if rest else 0
-        return float(b * t * (pairs + others))
-    if algorithm == "chunked":
-        q = chunk
-        per_group_cb = 2 * q * n * g if core == "scalar_decay" else 2 * q * (2 * r * h + (n - 2 * r) * g)
-        per_token = per_group_cb + 2 * q * h * p + 4 * h * p * n
-        return float(b * t * per_token)
-    if core == "damped":
-        # 2x2 pair update (4 mul-add per pair entry) on 2r rows, decay on the rest, readout.
-        per_token = h * p * (2 * 2 * 2 * r + (n - 2 * r)) + 2 * h * p * n + 2 * h * p * n
-    else:
-        per_token = 3 * h * p * n + 2 * h * p * n  # a*h + u B^T, then h C
-    if algorithm == "associative":
-        per_token *= 2  # the up- and down-sweep each combine ~t elements
-    return float(b * t * per_token)
+    """The core's forward FLOPs (its registry entry's model)."""
+    c = registry.get(core)
+    if c.flops is None:
+        raise ValueError(f"core {core!r} has no FLOP model in ssmgate/cores/registry.py")
+    return c.flops(algorithm, chunk, b, t, h, p, n, g, r)
 
 
 def _cpu_name() -> str:
@@ -194,8 +173,8 @@ def bench_core(core: str, shape: tuple, peak: float, chunk_sizes, reps, max_seco
     inputs = make_inputs(core, *shape)
     ref = reference_outputs(core, inputs)
     rows, seq_time = [], {}
-    configs = [(a, c) for a in ALGORITHMS[core] for c in (chunk_sizes[core] if a == "chunked" else [None])]
-    for algorithm, chunk in configs + [("auto", None)]:
+    configs = [(a, c) for a in cpu_algorithms(core) for c in (chunk_sizes[core] if a == "chunked" else [None])]
+    for algorithm, chunk in configs:
         fn = core_fn(core, algorithm, chunk)
         fwd = jax.jit(fn)
         err = relative_error(fwd(inputs)[0], ref)
@@ -287,9 +266,9 @@ def write_result(result: dict, block: str, default_out: str, docs_name: str, log
 
 def measure_auto_table(cores, base_shape, chunk_sizes, reps, max_seconds, log=print, algorithms=None) -> dict:
     """Per core, width class and size class, the fastest forward and the fastest forward+backward
-    (algorithm, chunk) on this backend among algorithms[core] (default ALGORITHMS), with every
-    timing behind the choice."""
-    algorithms = algorithms or ALGORITHMS
+    (algorithm, chunk) on this backend among algorithms[core] (default: the exact ones of
+    `cpu_algorithms`), with every timing behind the choice."""
+    algorithms = algorithms or {c: tuple(a for a in cpu_algorithms(c) if a != "auto") for c in cores}
     table = {}
     for core in cores:
         classes = []
@@ -339,12 +318,16 @@ def main(argv) -> None:
         raise SystemExit(f"--shape, --chunk_sizes and --damped_chunk_sizes take integers: {e}")
     if min(ssd_chunks + damped_chunks, default=1) < 1:
         raise SystemExit(f"chunk sizes must be positive; got {FLAGS.chunk_sizes} and {FLAGS.damped_chunk_sizes}")
-    chunk_sizes = {core: damped_chunks if core == "damped" else ssd_chunks for core in ALGORITHMS}
+    unknown = [c for c in FLAGS.core if c not in registry.CORES]
+    if unknown:
+        raise SystemExit(f"--core: unknown {unknown}; expected some of {', '.join(registry.benchmarked())}")
+    unmodelled = [c for c in FLAGS.core if c not in registry.benchmarked()]
+    if unmodelled and FLAGS.backend == "cpu":
+        raise SystemExit(f"--core: {unmodelled} have no FLOP model in ssmgate/cores/registry.py; the CPU "
+                         f"benchmark times {', '.join(registry.benchmarked())}")
+    chunk_sizes = {core: damped_chunks if registry.get(core).short_chunks else ssd_chunks for core in registry.CORES}
     if len(shape) != 7 or min(shape) < 1:
         raise SystemExit(f"--shape takes 7 positive integers b,t,h,p,n,g,r; got {FLAGS.shape}")
-    unknown = set(FLAGS.core) - set(ALGORITHMS)
-    if unknown:
-        raise SystemExit(f"--core: unknown {sorted(unknown)}; expected a subset of {sorted(ALGORITHMS)}")
     log = lambda s: print(s, flush=True)
     if FLAGS.backend != "cpu":
         return _device_main(DEVICE_SHAPE if not FLAGS["shape"].present else shape, chunk_sizes, log)

@@ -25,9 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ssmgate.bench import cores as bench
+from ssmgate.cores import registry
 
-DEVICE_ALGORITHMS = {"scalar_decay": ("associative", "chunked", "pallas"),
-                     "rotation": ("associative", "chunked", "pallas")}
+# the cores with a Pallas kernel, timed against their associative and chunked forms
+DEVICE_ALGORITHMS = {core: ("associative", "chunked", "pallas") for core in registry.with_kernel()}
 HALF_INPUTS = ("x", "B", "C")       # cast to bf16 for the timed rows (dt, A, theta, trap stay float32)
 CHECK_SHAPE = (2, 300, 4, 64, 128, 1, 32)
 CHECK_TOL = {"float32": {"y": 1e-4, "state": 1e-4, "grad": 1e-3}, "bfloat16": {"y": 3e-2, "state": 3e-2}}

@@ -4,14 +4,14 @@ import pytest
 from ssmgate.bench import cores as bench
 
 TINY = (1, 16, 2, 4, 4, 1, 1)  # b, t, h, p, n, g, r
-CHUNKS = {core: [8] for core in bench.ALGORITHMS}
+CHUNKS = {core: [8] for core in bench.registry.benchmarked()}
 
 
 @pytest.mark.parametrize("core", ["scalar_decay", "rotation", "damped"])
 def test_bench_rows(core):
     rows = bench.bench_core(core, TINY, peak=1e9, chunk_sizes=CHUNKS, reps=1, max_seconds=1.0, log=lambda s: None)
     algorithms = [r["algorithm"] for r in rows]
-    expected = list(bench.ALGORITHMS[core]) + ["auto"]
+    expected = list(bench.cpu_algorithms(core))
     assert sorted(set(algorithms)) == sorted(expected)
     assert len(rows) == 2 * len(expected)  # fwd and fwd+bwd each
     for row in rows:

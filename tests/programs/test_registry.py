@@ -29,6 +29,8 @@ def test_every_experiment_has_flag_files_and_a_report(name):
             assert (REPO / "experiments" / p.paper / f"{where}{run}.flags").exists(), (name, where, run)
     for attr in ("build", "recheck"):  # what ssmgate.reproduce calls
         assert hasattr(p.report, attr), f"{p.report.__name__} lacks {attr}"
+    for attr in ("BARS", "CLAIMS", "UNCLAIMED_CHECKS"):  # what the registry collects for the report
+        assert hasattr(p.claims, attr), f"{p.claims.__name__} lacks {attr}"
 
 
 def test_help_lists_the_flags_of_the_chosen_program_only():
