@@ -102,7 +102,7 @@ def test_bad_inputs_name_what_is_wrong(pretrained, tmp_path):
     root, _ = pretrained
     with pytest.raises(ConfigError, match="expected distinct offsets"):
         make_cfg(scales=(2.0, 2.0))
-    with pytest.raises(ConfigError, match="takes only --gate_offset=0"):
+    with pytest.raises(ConfigError, match="--block=llama has none"):
         make_cfg(model=dataclasses.replace(TINY, block="llama", n_heads=2, mlp="swiglu"))
     with pytest.raises(ConfigError, match="--tools_k_max=0"):
         dataclasses.replace(make_cfg(), tools=dataclasses.replace(make_cfg().tools, k_max=0)).validate()

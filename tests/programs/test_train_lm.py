@@ -48,6 +48,8 @@ BAD_FLAGS = [
     (["--lr=nan"], "--lr=nan: expected positive, finite"),
     (["--lr=inf"], "--lr=inf: expected positive, finite"),
     (["--batch=9", "--mesh_data=2"], "--batch=9 does not split over the data axis of 2 devices"),
+    (["--block=llama", "--n_heads=2", "--mlp=swiglu", "--gate_offset=0,1"],
+     "--gate_offset=0,1: gate offsets act on Mamba-2's A_log; --block=llama has none"),
 ]
 
 

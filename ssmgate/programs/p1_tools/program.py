@@ -49,7 +49,7 @@ from ssmgate.tasks.synthetic_lm import LMBatch
 from ssmgate.tasks.tokenizers import load_tokenizer
 from ssmgate.train import lm_decode
 from ssmgate.train import lm_runs
-from ssmgate.train import loop, mesh as meshlib, optim, sweep
+from ssmgate.train import loop, mesh as meshlib, optim, sweep, sweep_results
 from ssmgate.train.cell_store import CellStore
 from ssmgate.train.checkpoint import CheckpointError, Checkpointer
 from ssmgate.train.compile_step import TrainPlan
@@ -122,11 +122,7 @@ class P1ToolsCfg:
             self.tools.validate()
         except ValueError as e:
             raise ConfigError(f"--tools_{e}") from None
-        if not self.gate_offsets or len(set(self.gate_offsets)) != len(self.gate_offsets):
-            raise ConfigError(f"--gate_offset={','.join(map(str, self.gate_offsets))}: expected distinct offsets")
-        if self.model.block != "mamba2" and self.gate_offsets != (0.0,):
-            raise ConfigError(f"--gate_offset: the gate offset acts on Mamba-2's A_log; --block={self.model.block} "
-                              "takes only --gate_offset=0")
+        sweep_results.check_offsets(self.gate_offsets, self.model.block)
         if self.tools.tokenizer == "byte" and self.model.vocab_size < tpr.BYTES.vocab_size:
             raise ConfigError(f"--vocab_size={self.model.vocab_size}: the byte tokenizer has "
                               f"{tpr.BYTES.vocab_size} tokens; expected --vocab_size >= {tpr.BYTES.vocab_size}")

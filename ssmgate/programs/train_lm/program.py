@@ -24,7 +24,7 @@ from ssmgate.models import presets
 from ssmgate.models.config import ModelCfg
 from ssmgate.tasks import synthetic_lm
 from ssmgate.train import lm_runs
-from ssmgate.train import loop, mesh as meshlib, optim, sweep
+from ssmgate.train import loop, mesh as meshlib, optim, sweep, sweep_results
 from ssmgate.train.compile_step import TrainPlan
 from ssmgate.train.experiment import run_experiment
 from ssmgate.train.run_dir import RunDir, say
@@ -63,8 +63,7 @@ class TrainLMCfg:
     def validate(self) -> "TrainLMCfg":
         if self.task.vocab_size != self.model.vocab_size:
             raise ConfigError(f"task vocabulary {self.task.vocab_size} != --vocab_size={self.model.vocab_size}")
-        if any(r.offset != 0.0 for r in self.replicas) and self.model.block != "mamba2":
-            raise ConfigError(f"--gate_offset: gate offsets act on Mamba-2's A_log; --block={self.model.block} has none")
+        sweep_results.check_offsets(tuple(dict.fromkeys(r.offset for r in self.replicas)), self.model.block)
         if self.eval_batches < 1:
             raise ConfigError(f"--eval_batches={self.eval_batches}: expected >= 1")
         try:
