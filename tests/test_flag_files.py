@@ -96,8 +96,9 @@ def test_scaled_file_builds_on_its_paper_file(path):
     if bases:  # a second seed: the paper file is its seed-0 file plus a few lines; so is this one
         same_scale = path.parent / bases[0].name
         assert same_scale in direct_includes(path), f"{rel(path)} includes neither {rel(paper)} nor {rel(same_scale)}"
-        mine = expand(path)
-        differs = {k: (v, mine.get(k)) for k, v in lines(paper) if k != "flagfile" and mine.get(k) != v}
+        mine, base = expand(path), expand(bases[0])
+        added = {k: v for k, v in expand(paper).items() if base.get(k) != v}   # what the paper file adds to its base
+        differs = {k: (v, mine.get(k)) for k, v in added.items() if mine.get(k) != v}
         assert not differs, f"{rel(path)} does not set what {rel(paper)} adds to its seed-0 file: {differs}"
         return
     raise AssertionError(f"{rel(path)} does not include {rel(paper)} (a flag it must not inherit is reset by "
