@@ -27,7 +27,8 @@ from ssmgate.cli.grids import parse_grid
 from ssmgate.config_error import ConfigError
 from ssmgate.models import presets
 from ssmgate.models.config import ModelCfg
-from ssmgate.train import loop, mesh as meshlib, optim
+from ssmgate.train import loop, mesh as meshlib, optim, sweep
+from ssmgate.train.run_spec import Grid, RunSpec
 
 GROUPS: dict[str, list[str]] = {}
 
@@ -191,3 +192,20 @@ def gate_offsets() -> tuple[float, ...]:
     if len(set(offsets)) != len(offsets):
         raise ConfigError(f"--gate_offset={FLAGS.gate_offset}: expected distinct offsets")
     return offsets
+
+
+def run_spec(program: str, *, metric: str, escape_thr: float | None = None, stop_thr: float | None = None,
+             lr_sweep: bool = False) -> RunSpec:
+    """The RunSpec the shared flags describe (the program config that composes it validates it): the model,
+    --opt_*, the loop, --mesh_*, the replica grid (--seed, --seeds, --lr, --gate_offset), the stop rule on
+    `metric` (--escape_thr, --stop_thr; the program's defaults when not given) and --eval_n /
+    --lengen_eval_n. `lr_sweep`: --lr may be a grid, one replica per learning rate."""
+    steps = require("steps", program)
+    lrs = learning_rates(program) if lr_sweep else [one_lr(program)]
+    escape = escape_thr if FLAGS.escape_thr is None else FLAGS.escape_thr
+    stop = stop_thr if FLAGS.stop_thr is None else FLAGS.stop_thr
+    return RunSpec(model=model_cfg(), optim=optim_cfg(lrs[0], steps), loop=loop_cfg(steps, name=program),
+                   mesh=mesh_cfg(), grid=Grid(FLAGS.seed, FLAGS.seeds, tuple(gate_offsets()),
+                                              tuple(lrs) if len(lrs) > 1 else ()),
+                   stop=sweep.StopRule(metric, escape, stop), eval_n=FLAGS.eval_n,
+                   lengen_eval_n=FLAGS.lengen_eval_n, preset=preset())

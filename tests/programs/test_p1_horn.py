@@ -20,6 +20,7 @@ from ssmgate.train.sweep_results import t_interval
 from ssmgate.tasks import horn
 from ssmgate.tasks import horn_ranking as hr
 from ssmgate.train import loop, mesh, optim, sweep
+from ssmgate.train.run_spec import Grid, RunSpec
 from ssmgate.reproduce import read_flags
 from tests.main_runs import dry_run_flag_files
 
@@ -36,13 +37,13 @@ def tiny_cfg(regime="retrieval", steps=20, **kw):
     task = horn.HornCfg(regime=regime, props_per_set=8, K=8, k_max=4, batch=8, n_buckets=1)
     model = ModelCfg(block="mamba2", vocab_size=48, d_model=16, n_layers=1, d_state=8, expand=1, headdim=8,
                      algorithm="sequential")
-    args = dict(offsets=(-4.0, 2.0), seeds=1, eval_n=16, gate_prompts=8,
-                lengen_ks=(2, 8) if regime == "lengen" else ())
+    spec = RunSpec(model=model, optim=optim.OptimCfg(name="muon", lr=1e-2, total_steps=steps),
+                   loop=loop.LoopCfg(steps=steps, log_every=10, eval_every=10, tensorboard=False), mesh=mesh.MeshCfg(),
+                   grid=Grid(offsets=(-4.0, 2.0), seeds=kw.pop("seeds", 1)), stop=sweep.StopRule(p1_horn.METRIC),
+                   eval_n=kw.pop("eval_n", 16))
+    args = dict(gate_prompts=8, lengen_ks=(2, 8) if regime == "lengen" else ())
     args.update(kw)
-    return p1_horn.HornRunCfg(
-        horn=task, model=model, optim=optim.OptimCfg(name="muon", lr=1e-2, total_steps=steps),
-        loop=loop.LoopCfg(steps=steps, log_every=10, eval_every=10, tensorboard=False), mesh=mesh.MeshCfg(),
-        lr=1e-2, **args).validate()
+    return p1_horn.HornRunCfg(horn=task, spec=spec, **args).validate()
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +175,7 @@ def test_early_index_and_by_offset():
     assert p1_horn.early_index([10, 20, 30], 100, 0.25) == 2
     assert p1_horn.early_index([10, 20, 30], 100, 0.5) == 2  # none at or after step 50: the last one
     assert p1_horn.early_index([], 100, 0.1) is None
-    reps = tiny_cfg(seeds=2).replicas  # offsets outermost: (-4, 0), (-4, 1), (2, 0), (2, 1)
+    reps = tiny_cfg(seeds=2).spec.replicas  # offsets outermost: (-4, 0), (-4, 1), (2, 0), (2, 1)
     mean, per = p1_horn.by_offset([0.1, 0.3, 0.5, float("nan")], reps, (-4.0, 2.0))
     assert mean == {"-4": pytest.approx(0.2), "2": 0.5} and per["-4"] == [0.1, 0.3]
 
@@ -242,14 +243,14 @@ def test_a_bad_regime_names_itself(parse):
 
 def test_flags_build_the_sweep(parse):
     cfg = parse("--gate_offset=-2,0,1", "--seeds=2", "--seed=3")
-    assert [(r.offset, r.seed) for r in cfg.replicas] == [(-2, 3), (-2, 4), (0, 3), (0, 4), (1, 3), (1, 4)]
-    assert cfg.escape_thr is None and cfg.stop_thr is None and cfg.lengen_ks == () and cfg.probe_pool == 4
+    assert [(r.offset, r.seed) for r in cfg.spec.replicas] == [(-2, 3), (-2, 4), (0, 3), (0, 4), (1, 3), (1, 4)]
+    assert cfg.spec.stop.escape_thr is None and cfg.spec.stop.stop_thr is None and cfg.lengen_ks == () and cfg.probe_pool == 4
     assert cfg.horn.batch == 4 and cfg.horn.k_upper == 4 and cfg.eval_sets["no_oracle"] == ("no_oracle", 4, 4, 1024)
     lengen = parse("--horn_regime=lengen", "--horn_K=8")
     assert lengen.lengen_ks == (1, 2, 4, 8) and lengen.probe_pool is None  # protocol §4.5's sizes up to K
-    assert parse("--preset=p1_horn_llama", "--n_heads=4", "--gate_offset=0").model.block == "llama"
-    assert parse("--opt_name=muon", "--opt_muon_adam_lr=2e-3").optim.muon_adam_lr == 2e-3
-    assert parse("--escape_thr=0.5", "--stop_thr=0.9").stop == sweep.StopRule("accuracy", 0.5, 0.9)
+    assert parse("--preset=p1_horn_llama", "--n_heads=4", "--gate_offset=0").spec.model.block == "llama"
+    assert parse("--opt_name=muon", "--opt_muon_adam_lr=2e-3").spec.optim.muon_adam_lr == 2e-3
+    assert parse("--escape_thr=0.5", "--stop_thr=0.9").spec.stop == sweep.StopRule("accuracy", 0.5, 0.9)
 
 
 def test_every_flag_file_dry_runs():

@@ -16,7 +16,8 @@ from ssmgate.programs.p1_kv import program as p1_kv
 from ssmgate.programs.p1_kv import report
 from ssmgate.config_error import ConfigError
 from ssmgate.tasks import kv_retrieval as kv
-from ssmgate.train import loop, mesh, optim
+from ssmgate.train import loop, mesh, optim, sweep
+from ssmgate.train.run_spec import Grid, RunSpec
 from tests.main_runs import dry_run_flag_files, run_many
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,11 +30,12 @@ def tiny_cfg(query="best_last", steps=30, escape_thr=0.12, stop_thr=0.3, lengen_
     task = kv.KVCfg(n_content=8, m=2, dict_size=16, n_max=4, eps=0.1, q=0.5, query=query, batch=8)
     model = ModelCfg(block="mamba2", vocab_size=16, d_model=16, n_layers=1, d_state=8, expand=1, headdim=8,
                      algorithm="sequential")
-    return p1_kv.KVRunCfg(
-        kv=task, model=model, optim=optim.OptimCfg(lr=1e-2, total_steps=steps),
-        loop=loop.LoopCfg(steps=steps, log_every=10, eval_every=eval_every, tensorboard=False),
-        mesh=mesh.MeshCfg(), lr=1e-2, offsets=(-4.0, 2.0), seeds=1, n_buckets=1, eval_n=16,
-        lengen_ns=lengen_ns if query == "best_last" else (), escape_thr=escape_thr, stop_thr=stop_thr).validate()
+    spec = RunSpec(model=model, optim=optim.OptimCfg(lr=1e-2, total_steps=steps),
+                   loop=loop.LoopCfg(steps=steps, log_every=10, eval_every=eval_every, tensorboard=False),
+                   mesh=mesh.MeshCfg(), grid=Grid(offsets=(-4.0, 2.0)),
+                   stop=sweep.StopRule(p1_kv.METRIC, escape_thr, stop_thr), eval_n=16)
+    return p1_kv.KVRunCfg(kv=task, spec=spec, n_buckets=1,
+                          lengen_ns=lengen_ns if query == "best_last" else ()).validate()
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +59,9 @@ def test_sweep_summary_escape_steps_and_curves(sweep_run):
         assert curve["offset"] == out["offsets"][r] and curve["step"] == [5, 10, 15, 20, 25, 30]
         acc = curve["seq_accuracy"]
         assert all(0.0 <= a <= 1.0 for a in acc) and acc[-1] == out["final"]["seq_accuracy"][r]
-        above = [s for s, a in zip(curve["step"], acc) if a > cfg.escape_thr]
+        above = [s for s, a in zip(curve["step"], acc) if a > cfg.spec.stop.escape_thr]
         assert out["escape_step"][r] == (above[0] if above else None)
-        stop = [s for s, a in zip(curve["step"], acc) if a >= cfg.stop_thr]
+        stop = [s for s, a in zip(curve["step"], acc) if a >= cfg.spec.stop.stop_thr]
         assert out["stopped_step"][r] == (stop[0] if stop else None)
         if stop:  # a stopped replica is frozen: every later evaluation gives the same number
             assert len({a for s, a in zip(curve["step"], acc) if s >= stop[0]}) == 1
@@ -156,7 +158,7 @@ def parse():
     (["--lengen_ns=8"], "--lengen_ns=8: length generalisation is evaluated for --kv_query=best_last only"),
     (["--kv_query=best_last", "--lengen_ns=8,x"], "--lengen_ns=8,x: cannot read 'x'"),
     (["--kv_query=best_last", "--lengen_ns=64"], "--lengen_ns: 64: expected pair counts in 1..--kv_dict_size=32"),
-    (["--escape_thr=1.5"], "--escape_thr=1.5: expected a sequence accuracy in (0, 1)"),
+    (["--escape_thr=1.5"], "--escape_thr=1.5: expected a seq_accuracy in (0, 1)"),
     (["--stop_thr=0.5"], "--stop_thr=0.5: expected a value in [--escape_thr=0.95, 1]"),
     (["--eval_n=0"], "--eval_n=0: expected >= 1"),
     (["--lr=1e-3,1e-2"], "--lr=1e-3,1e-2: expected one learning rate"),
@@ -169,9 +171,10 @@ def test_bad_flags_name_themselves(parse, args, message):
 
 def test_flags_build_the_sweep(parse):
     cfg = parse("--gate_offset=-2,0,1", "--seeds=2", "--seed=3", "--kv_query=best_last", "--lengen_ns=4,8")
-    assert [(r.offset, r.seed) for r in cfg.replicas] == [(-2, 3), (-2, 4), (0, 3), (0, 4), (1, 3), (1, 4)]
-    assert cfg.escape_thr == 0.95 and cfg.stop_thr == 0.99 and cfg.lengen_ns == (4, 8) and cfg.kv.batch == 4
-    assert parse("--preset=p1_kv_gpt_neox", "--n_heads=4", "--gate_offset=0").model.block == "gpt_neox"
+    assert [(r.offset, r.seed) for r in cfg.spec.replicas] == [(-2, 3), (-2, 4), (0, 3), (0, 4), (1, 3), (1, 4)]
+    assert cfg.spec.stop.escape_thr == 0.95 and cfg.spec.stop.stop_thr == 0.99
+    assert cfg.lengen_ns == (4, 8) and cfg.kv.batch == 4
+    assert parse("--preset=p1_kv_gpt_neox", "--n_heads=4", "--gate_offset=0").spec.model.block == "gpt_neox"
 
 
 def test_every_flag_file_dry_runs():

@@ -189,13 +189,14 @@ def test_gate_offset_sweep_through_the_program(tmp_path, capsys):
     from ssmgate.programs.train_lm import program as train_lm
     from ssmgate.tasks.synthetic_lm import SyntheticCfg
     from ssmgate.train import loop, mesh, optim, sweep
-    cfg = train_lm.TrainLMCfg(
-        model=ModelCfg(block="mamba2", vocab_size=16, d_model=16, n_layers=1, d_state=8, headdim=8),
-        optim=optim.OptimCfg(name="adamw", lr=1e-2, total_steps=6),
-        task=SyntheticCfg("copy", batch=4, seq_len=9, vocab_size=16),
-        loop=loop.LoopCfg(steps=6, log_every=2, eval_every=2, tensorboard=False), mesh=mesh.MeshCfg(),
-        replicas=tuple(sweep.grid([0], [1e-2, 3e-2], [-2.0, 1.0])),
-        stop=sweep.StopRule("loss", escape_thr=0.0, stop_thr=0.0), eval_batches=1).validate()
+    from ssmgate.train.run_spec import Grid, RunSpec
+    spec = RunSpec(model=ModelCfg(block="mamba2", vocab_size=16, d_model=16, n_layers=1, d_state=8, headdim=8),
+                   optim=optim.OptimCfg(name="adamw", lr=1e-2, total_steps=6),
+                   loop=loop.LoopCfg(steps=6, log_every=2, eval_every=2, tensorboard=False), mesh=mesh.MeshCfg(),
+                   grid=Grid(offsets=(-2.0, 1.0), lrs=(1e-2, 3e-2)),
+                   stop=sweep.StopRule("loss", escape_thr=0.0, stop_thr=0.0))
+    cfg = train_lm.TrainLMCfg(task=SyntheticCfg("copy", batch=4, seq_len=9, vocab_size=16), spec=spec,
+                              eval_batches=1).validate()
     out = train_lm.run(cfg, tmp_path)
     # loss >= 0 always: every replica "escapes" and stops at the first evaluation (step 2).
     assert out["escape_step"] == [2, 2, 2, 2] and out["stopped_step"] == [2, 2, 2, 2]
@@ -213,7 +214,7 @@ for path in sys.argv[1:]:
     flags.FLAGS.unparse_flags()
     flags.FLAGS(["check", "--flagfile=" + path])
     cfg = train_lm_flags.config_from_flags()
-    print(path.rsplit("/", 1)[-1], cfg.model.d_model, cfg.task.task, len(cfg.replicas), cfg.stop.escape_thr)
+    print(path.rsplit("/", 1)[-1], cfg.spec.model.d_model, cfg.task.task, len(cfg.spec.replicas), cfg.spec.stop.escape_thr)
 """
 
 
@@ -237,7 +238,7 @@ for args in (["--lr=1e-3,2e-3"], []):
     flags.FLAGS(["check", "--program=train", "--steps=3", "--batch=4", *args])
     try:
         cfg = train_lm_flags.config_from_flags()
-        print([r.lr for r in cfg.replicas], cfg.optim.lr)
+        print([r.lr for r in cfg.spec.replicas], cfg.spec.optim.lr)
     except ConfigError as e:
         print("error:", e)
 """

@@ -51,8 +51,8 @@ GROUPS_READ = ("run", "seeds", "lr", "gate_offset", "model", "optim", "mesh", "l
 
 
 def config_from_flags() -> p1_horn.HornRunCfg:
-    steps, batch = tf.require("steps", PROGRAM), tf.require("batch", PROGRAM)
-    lr, offsets = tf.one_lr(PROGRAM), tf.gate_offsets()
+    batch = tf.require("batch", PROGRAM)
+    spec = tf.run_spec(PROGRAM, metric=p1_horn.METRIC)
     task = horn.HornCfg(regime=FLAGS.horn_regime, props_per_set=FLAGS.horn_props_per_set, K=FLAGS.horn_K,
                         graph_seed=FLAGS.horn_graph_seed, k_min=FLAGS.horn_k_min, k_max=FLAGS.horn_k_max,
                         q_fresh=FLAGS.horn_q_fresh, beta=FLAGS.horn_beta, turns=FLAGS.horn_turns, batch=batch,
@@ -67,15 +67,9 @@ def config_from_flags() -> p1_horn.HornRunCfg:
         raise ConfigError(str(e)) from None
     if not lengen_ks and FLAGS.horn_regime == "lengen":
         lengen_ks = tuple(k for k in horn.LENGEN_KS if k <= FLAGS.horn_K)
-    model = tf.model_cfg()  # validated; a bad model flag names itself
-    cfg = p1_horn.HornRunCfg(
-        horn=task, model=model, optim=tf.optim_cfg(lr, steps), loop=tf.loop_cfg(steps, name=PROGRAM),
-        mesh=tf.mesh_cfg(), lr=lr, offsets=tuple(offsets), seeds=FLAGS.seeds, seed=FLAGS.seed,
-        eval_n=FLAGS.eval_n, probe_n=FLAGS.horn_probe_n, probe_k=FLAGS.horn_probe_k, lengen_ks=lengen_ks,
-        lengen_eval_n=FLAGS.lengen_eval_n, weak_betas=weak_betas, early_frac=FLAGS.horn_early_frac,
-        gate_prompts=FLAGS.horn_gate_prompts,
-        escape_thr=FLAGS.escape_thr, stop_thr=FLAGS.stop_thr, preset=tf.preset())
-    return cfg.validate()
+    return p1_horn.HornRunCfg(
+        horn=task, spec=spec, probe_n=FLAGS.horn_probe_n, probe_k=FLAGS.horn_probe_k, lengen_ks=lengen_ks,
+        weak_betas=weak_betas, early_frac=FLAGS.horn_early_frac, gate_prompts=FLAGS.horn_gate_prompts).validate()
 
 
 def describe(cfg) -> str:

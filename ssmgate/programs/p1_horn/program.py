@@ -59,7 +59,6 @@ median_abs_dalpha and the three token-averaged columns; Mamba-2). init is the of
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import time
@@ -77,12 +76,12 @@ from ssmgate.tasks import horn_ranking as hr
 from ssmgate.tasks import length_buckets as lb
 from ssmgate.tasks.synthetic_lm import lm_loss, step_key
 from ssmgate.train import lm_runs
-from ssmgate.train import loop, mesh as meshlib, sweep
+from ssmgate.train import mesh as meshlib, sweep
 from ssmgate.train import sweep_results
 from ssmgate.train.compile_step import TrainPlan
 from ssmgate.train.experiment import make_mesh, run_experiment
-from ssmgate.train.optim import OptimCfg
 from ssmgate.train.run_dir import RunDir, say, to_jsonable
+from ssmgate.train.run_spec import RunSpec
 from ssmgate.train.step import cast_floating
 from ssmgate.train.sweep_results import eval_curves, gate_stats, offset_key
 
@@ -105,37 +104,17 @@ def metric_name(eval_set: str, what: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class HornRunCfg:
     horn: horn.HornCfg               # the task; horn.batch is the training batch, horn.n_buckets its buckets
-    model: ModelCfg
-    optim: OptimCfg
-    loop: loop.LoopCfg
-    mesh: meshlib.MeshCfg
-    lr: float
-    offsets: tuple = (0.0,)
-    seeds: int = 1
-    seed: int = 0
-    eval_n: int = 1024
-    probe_n: Optional[int] = None         # None: eval_n
+    spec: RunSpec                    # model, optimizer, loop, mesh, replicas, stop rule, evaluation sizes
+    probe_n: Optional[int] = None         # None: spec.eval_n
     probe_k: Optional[int] = None         # None: min(PROBE_K, k_max)
     lengen_ks: tuple = ()
-    lengen_eval_n: Optional[int] = None   # None: eval_n
     weak_betas: tuple = ()                # finite PL betas of the weak-retriever evaluation (lengen regime)
     early_frac: float = 0.1
     gate_prompts: int = 64
-    escape_thr: Optional[float] = None
-    stop_thr: Optional[float] = None
-    preset: Optional[str] = None
-
-    @property
-    def replicas(self) -> list:
-        return sweep.grid(range(self.seed, self.seed + self.seeds), (self.lr,), self.offsets)
 
     @property
     def bounds(self) -> tuple:
         return self.horn.k_buckets()
-
-    @property
-    def stop(self) -> sweep.StopRule:
-        return sweep.StopRule(METRIC, self.escape_thr, self.stop_thr)
 
     @property
     def probe_pool(self) -> Optional[int]:
@@ -148,18 +127,15 @@ class HornRunCfg:
     def eval_sets(self) -> dict:
         """{set: (kind, k_lo, k_hi, examples)} of the evaluations during training."""
         t = self.horn
-        sets = {"first_turn": ("train", t.k_min, t.k_upper, self.eval_n)}
+        sets = {"first_turn": ("train", t.k_min, t.k_upper, self.spec.eval_n)}
         if t.regime == "retrieval":
             k = self.probe_pool
-            sets.update({p: (KIND[p], k, k, self.probe_n or self.eval_n) for p in PROBES})
+            sets.update({p: (KIND[p], k, k, self.probe_n or self.spec.eval_n) for p in PROBES})
         return sets
 
     def fingerprint(self) -> str:
         """What a checkpoint must match to be resumed (not the mesh, the cadence or the lengen sets)."""
-        keyed = {"horn": dataclasses.asdict(self.horn), "model": dataclasses.asdict(self.model),
-                 "optim": dataclasses.asdict(self.optim), "replicas": [dataclasses.asdict(r) for r in self.replicas],
-                 "eval_sets": self.eval_sets, "stop": dataclasses.asdict(self.stop)}
-        return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return self.spec.fingerprint({"horn": dataclasses.asdict(self.horn), "eval_sets": self.eval_sets})
 
     def validate(self) -> "HornRunCfg":
         try:
@@ -167,27 +143,16 @@ class HornRunCfg:
             graph = horn.build_graph(self.horn)
         except ValueError as e:
             raise ConfigError(horn_flag_message(str(e))) from None
-        if self.model.vocab_size < horn.VOCAB_SIZE:
-            raise ConfigError(f"--vocab_size={self.model.vocab_size}: expected >= {horn.VOCAB_SIZE} "
+        model = self.spec.validate().model
+        if model.vocab_size < horn.VOCAB_SIZE:
+            raise ConfigError(f"--vocab_size={model.vocab_size}: expected >= {horn.VOCAB_SIZE} "
                               "(the Horn task's character tokens, protocol §4.2)")
-        sweep_results.check_offsets(self.offsets, self.model.block)
-        for name, value in (("seeds", self.seeds), ("eval_n", self.eval_n), ("horn_gate_prompts", self.gate_prompts)):
-            if value < 1:
-                raise ConfigError(f"--{name}={value}: expected >= 1")
-        if self.seed < 0:
-            raise ConfigError(f"--seed={self.seed}: expected >= 0")
-        for name, value in (("horn_probe_n", self.probe_n), ("lengen_eval_n", self.lengen_eval_n)):
-            if value is not None and value < 1:
-                raise ConfigError(f"--{name}={value}: expected >= 1")
+        if self.gate_prompts < 1:
+            raise ConfigError(f"--horn_gate_prompts={self.gate_prompts}: expected >= 1")
+        if self.probe_n is not None and self.probe_n < 1:
+            raise ConfigError(f"--horn_probe_n={self.probe_n}: expected >= 1")
         if not 0.0 < self.early_frac <= 1.0:
             raise ConfigError(f"--horn_early_frac={self.early_frac}: expected a fraction of training in (0, 1]")
-        if self.escape_thr is not None and not 0.0 < self.escape_thr < 1.0:
-            raise ConfigError(f"--escape_thr={self.escape_thr}: expected an accuracy in (0, 1) (or unset: no escape)")
-        if self.stop_thr is not None and not 0.0 < self.stop_thr <= 1.0:
-            raise ConfigError(f"--stop_thr={self.stop_thr}: expected an accuracy in (0, 1] (or unset: no early stop)")
-        if None not in (self.escape_thr, self.stop_thr) and self.stop_thr < self.escape_thr:
-            raise ConfigError(f"--stop_thr={self.stop_thr}: expected a value in [--escape_thr={self.escape_thr}, 1] "
-                              "(a replica frozen before it escapes would have no escape step)")
         regime = self.horn.regime
         if regime == "retrieval":
             if self.lengen_ks:
@@ -379,7 +344,7 @@ def training_plan(cfg: HornRunCfg) -> TrainPlan:
     task = cfg.horn
     graph = horn.build_graph(task)
     lo, hi = cfg.bounds[-1]
-    return TrainPlan(cfg.model, cfg.optim, cfg.replicas, horn_loss(graph, hr.RULES[task.regime]), cfg.mesh,
+    return TrainPlan(cfg.spec.model, cfg.spec.optim, cfg.spec.replicas, horn_loss(graph, hr.RULES[task.regime]), cfg.spec.mesh,
                      force_sweep=True,
                      batch=lambda: jax.eval_shape(lambda: horn.sample(step_key(0, 0), task, graph, lo, hi)))
 
@@ -387,11 +352,11 @@ def training_plan(cfg: HornRunCfg) -> TrainPlan:
 def run(cfg: HornRunCfg, run_dir: str) -> dict:
     cfg.validate()
     rd = RunDir(run_dir)
-    mesh = make_mesh(cfg.mesh)
+    mesh = make_mesh(cfg.spec.mesh)
     t0 = time.perf_counter()
-    replicas = cfg.replicas
+    replicas = cfg.spec.replicas
     labels = [r.label for r in replicas]
-    task, bounds, base_seed = cfg.horn, cfg.bounds, cfg.seed
+    task, bounds, base_seed = cfg.horn, cfg.bounds, cfg.spec.grid.seed
     graph = horn.build_graph(task)
     sets = {name: fixed_set(cfg, graph, SET_SEEDS[name], kind, lo, hi, n)
             for name, (kind, lo, hi, n) in cfg.eval_sets.items()}
@@ -401,7 +366,7 @@ def run(cfg: HornRunCfg, run_dir: str) -> dict:
     def eval_fn(built):
         # not built.eval_fn (a mean over per-batch metrics): this pools exact counts over chunks in one
         # compiled loop and takes the fixed sets as arguments, not constants.
-        evaluate = evaluation["evaluate"] = make_evaluate(built.model, jnp.dtype(cfg.model.dtype), graph)
+        evaluate = evaluation["evaluate"] = make_evaluate(built.model, jnp.dtype(cfg.spec.model.dtype), graph)
 
         def sweep_eval(params, data):
             out = {}
@@ -415,26 +380,26 @@ def run(cfg: HornRunCfg, run_dir: str) -> dict:
         return lambda s: sweep_eval(s.train.params, sets)
 
     trained = run_experiment(
-        rd, **training_plan(cfg).engine(), loop_cfg=dataclasses.replace(cfg.loop, name=f"p1_horn {task.regime}"),
-        mesh=mesh, fingerprint=cfg.fingerprint(), stop=cfg.stop, resume_stopped=cfg.stop_thr is not None,
+        rd, **training_plan(cfg).engine(), loop_cfg=dataclasses.replace(cfg.spec.loop, name=f"p1_horn {task.regime}"),
+        mesh=mesh, fingerprint=cfg.fingerprint(), stop=cfg.spec.stop, resume_stopped=cfg.spec.stop.stop_thr is not None,
         eval_fn=eval_fn, meta={"config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "labels": labels},
         sample=lambda seed, k, b: horn.sample(step_key(seed, k), task, graph, b[0], b[1]),
         stage=lambda k: lb.bucket_for_step(bounds, base_seed, int(k)))  # as horn.batch_for_step
     built, result, evaluate = trained.built, trained.result, evaluation["evaluate"]
     state = result.state
     offsets = [r.offset for r in replicas]
-    seeds = list(range(cfg.seed, cfg.seed + cfg.seeds))
+    seeds = list(range(cfg.spec.grid.seed, cfg.spec.grid.seed + cfg.spec.grid.seeds))
     names = list(sets)
     steps, values = eval_curves(rd.read_metrics(), len(replicas), [metric_name(n, "accuracy") for n in names])
     curve = {n: values[metric_name(n, "accuracy")] for n in names}
-    i_early = early_index(steps, cfg.loop.steps, cfg.early_frac)
+    i_early = early_index(steps, cfg.spec.loop.steps, cfg.early_frac)
 
     summary = {
-        "program": "p1_horn", "regime": task.regime, "horn": task_dict(task), "block": cfg.model.block,
-        "preset": cfg.preset, "params": presets.param_count(cfg.model), "lr": cfg.lr,
+        "program": "p1_horn", "regime": task.regime, "horn": task_dict(task), "block": cfg.spec.model.block,
+        "preset": cfg.spec.preset, "params": presets.param_count(cfg.spec.model), "lr": cfg.spec.optim.lr,
         "replicas": labels, "replica_offset": offsets, "replica_seed": [r.seed for r in replicas],
-        "offsets": list(cfg.offsets), "seeds": seeds, "steps": result.step, "resumed_from": result.resumed_from,
-        "escape_thr": cfg.escape_thr, "stop_thr": cfg.stop_thr,
+        "offsets": list(cfg.spec.grid.offsets), "seeds": seeds, "steps": result.step, "resumed_from": result.resumed_from,
+        "escape_thr": cfg.spec.stop.escape_thr, "stop_thr": cfg.spec.stop.stop_thr,
         "escape_step": [None if v < 0 else int(v) for v in np.asarray(state.escape_step)],
         "stopped_step": [None if v < 0 else int(v) for v in np.asarray(state.stopped_step)],
         "diverged": [bool(v) for v in np.asarray(state.diverged)],
@@ -454,7 +419,7 @@ def run(cfg: HornRunCfg, run_dir: str) -> dict:
     if steps:
         for when, i in (("early", i_early), ("final", len(steps) - 1)):
             for n in names:
-                summary[when][n], summary[f"{when}_per_seed"][n] = by_offset(curve[n][i], replicas, cfg.offsets)
+                summary[when][n], summary[f"{when}_per_seed"][n] = by_offset(curve[n][i], replicas, cfg.spec.grid.offsets)
     for message in sweep.report_divergence(state, labels):
         say(f"[p1_horn] {message}")
 
@@ -463,11 +428,11 @@ def run(cfg: HornRunCfg, run_dir: str) -> dict:
         summary.update(length_generalisation(cfg, graph, evaluate, final_params, replicas))
     if cfg.weak_betas:
         summary.update(weak_retrieval(cfg, graph, evaluate, final_params, replicas))
-    summary.update(gate_stats(built, cfg.model, replicas, final_params))
-    if cfg.model.block == "mamba2":
+    summary.update(gate_stats(built, cfg.spec.model, replicas, final_params))
+    if cfg.spec.model.block == "mamba2":
         task_p = dataclasses.replace(task, turns="first", batch=cfg.gate_prompts)
         prompts = horn.sample_jit(jax.random.PRNGKey(GATE_SEED), task_p, graph, task.k_min, task.k_upper).inputs
-        summary.update(token_gate_stats(built, cfg.model, replicas, final_params, prompts))
+        summary.update(token_gate_stats(built, cfg.spec.model, replicas, final_params, prompts))
         summary["table1"] = _median_over_seeds(summary["median_tau"], summary["median_alpha_change"])
         summary["table1_token"] = _median_over_seeds(summary["median_tau_token"], summary["median_alpha_change_token"])
     summary["wall_s"] = time.perf_counter() - t0
@@ -506,17 +471,17 @@ def _write_csvs(rd: RunDir, summary: dict, replicas, steps, curve) -> None:
 def length_generalisation(cfg: HornRunCfg, graph, evaluate, params, replicas) -> dict:
     """Fig 3d / Table 1: every replica at each pool size of lengen_ks on a fresh fixed set (seed
     LENGEN_SEED + k; PL pools, first turn, rule class1)."""
-    examples = cfg.lengen_eval_n or cfg.eval_n
+    examples = cfg.spec.lengen_examples
     return sweep_results.length_generalisation(
         cfg.lengen_ks, lambda k: fixed_set(cfg, graph, LENGEN_SEED + k, "lengen", k, k, examples),
-        lambda p, d: evaluate(p, d, "class1"), params, replicas, cfg.offsets, "accuracy", "p1_horn",
+        lambda p, d: evaluate(p, d, "class1"), params, replicas, cfg.spec.grid.offsets, "accuracy", "p1_horn",
         keep=("accuracy", "loss"))
 
 
 def weak_retrieval(cfg: HornRunCfg, graph, evaluate, params, replicas) -> dict:
     """P1 Fig 5 (top): every replica at each pool size of lengen_ks with pools from a weak retriever (PL at each
     beta of weak_betas, no oracle injected); end-to-end first-turn accuracy and the sets' recall@k."""
-    examples = cfg.lengen_eval_n or cfg.eval_n
+    examples = cfg.spec.lengen_examples
     accuracy, recall = {}, {}
     for i, beta in enumerate(cfg.weak_betas):
         weak = dataclasses.replace(cfg, horn=dataclasses.replace(cfg.horn, beta=beta))
@@ -525,7 +490,7 @@ def weak_retrieval(cfg: HornRunCfg, graph, evaluate, params, replicas) -> dict:
         recall[key] = {str(k): float(jnp.mean(data.oracle_pos >= 0)) for k, data in sets.items()}
         say(f"[p1_horn] weak retriever beta {key}: recall@k " + ", ".join(f"{k} {r:.3f}" for k, r in recall[key].items()))
         accuracy[key] = sweep_results.length_generalisation(
-            cfg.lengen_ks, sets.__getitem__, lambda p, d: evaluate(p, d, "class1"), params, replicas, cfg.offsets,
+            cfg.lengen_ks, sets.__getitem__, lambda p, d: evaluate(p, d, "class1"), params, replicas, cfg.spec.grid.offsets,
             "accuracy", f"p1_horn weak beta {key}", keep=("accuracy",))["lengen_accuracy"]
     return {"weak_betas": [f"{b:g}" for b in cfg.weak_betas], "weak_accuracy": accuracy, "weak_recall": recall}
 
@@ -541,25 +506,25 @@ def describe(cfg: HornRunCfg) -> str:
              f"  sequence length at k = k_max = {t.k_upper}: {horn.seq_len(t.k_upper)} tokens (mean over "
              f"U{{{t.k_min}..{t.k_upper}}}: {mean_len:.0f}); {len(cfg.bounds)} length buckets {cfg.bounds[:4]}"
              f"{' ...' if len(cfg.bounds) > 4 else ''}",
-             f"model: {cfg.model}", f"optimizer: {cfg.optim}", f"loop: {cfg.loop}",
-             f"replicas ({len(cfg.replicas)}, one vmapped sweep): offsets {', '.join(offset_key(o) for o in cfg.offsets)}"
-             f" x seeds {cfg.seed}..{cfg.seed + cfg.seeds - 1} at lr {cfg.lr:g}",
-             f"escape: {'off' if cfg.escape_thr is None else f'first eval with {METRIC} > {cfg.escape_thr}'}; "
-             f"early stop: {'off' if cfg.stop_thr is None else f'{METRIC} >= {cfg.stop_thr}'}; "
-             f"'early' = first eval at or after step {cfg.early_frac * cfg.loop.steps:g}"]
+             f"model: {cfg.spec.model}", f"optimizer: {cfg.spec.optim}", f"loop: {cfg.spec.loop}",
+             f"replicas ({len(cfg.spec.replicas)}, one vmapped sweep): offsets {', '.join(offset_key(o) for o in cfg.spec.grid.offsets)}"
+             f" x seeds {cfg.spec.grid.seed}..{cfg.spec.grid.seed + cfg.spec.grid.seeds - 1} at lr {cfg.spec.optim.lr:g}",
+             f"escape: {'off' if cfg.spec.stop.escape_thr is None else f'first eval with {METRIC} > {cfg.spec.stop.escape_thr}'}; "
+             f"early stop: {'off' if cfg.spec.stop.stop_thr is None else f'{METRIC} >= {cfg.spec.stop.stop_thr}'}; "
+             f"'early' = first eval at or after step {cfg.early_frac * cfg.spec.loop.steps:g}"]
     for name, (kind, lo, hi, n) in cfg.eval_sets.items():
         chunks, chunk = eval_chunk(cfg, hi, n)
         ks = f"k = {hi}" if lo == hi else f"k ~ U{{{lo}..{hi}}}"
         pools = t.regime if kind == "train" else kind
         lines.append(f"eval {name} ({pools} pools, {ks}): {chunks * chunk} examples ({chunks} chunk(s) of {chunk})")
     for k in cfg.lengen_ks:
-        chunks, chunk = eval_chunk(cfg, k, cfg.lengen_eval_n or cfg.eval_n)
+        chunks, chunk = eval_chunk(cfg, k, cfg.spec.lengen_examples)
         lines.append(f"length generalisation k = {k}: {horn.seq_len(k)} tokens, {chunks * chunk} examples "
                      f"({chunks} chunk(s) of {chunk})")
     if cfg.weak_betas:
         lines.append(f"weak retriever (Fig 5 top): PL pools at beta {', '.join(f'{b:g}' for b in cfg.weak_betas)}, "
                      "no oracle injected, at the same pool sizes")
-    lines += ["", presets.count_table(cfg.model, cfg.preset or "")]
-    mesh, note = meshlib.mesh_for_description(cfg.mesh)
+    lines += ["", presets.count_table(cfg.spec.model, cfg.spec.preset or "")]
+    mesh, note = meshlib.mesh_for_description(cfg.spec.mesh)
     lines.append(f"mesh {dict(mesh.shape)}{note}")
     return "\n".join(lines)

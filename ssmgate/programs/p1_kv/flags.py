@@ -42,24 +42,12 @@ def _ints(name: str) -> tuple[int, ...]:
         raise ConfigError(str(e)) from None
 
 
-def _or(value, default):
-    return default if value is None else value
-
-
 def config_from_flags() -> p1_kv.KVRunCfg:
-    steps, batch = tf.require("steps", PROGRAM), tf.require("batch", PROGRAM)
-    lr, offsets = tf.one_lr(PROGRAM), tf.gate_offsets()
+    batch = tf.require("batch", PROGRAM)
+    spec = tf.run_spec(PROGRAM, metric=p1_kv.METRIC, escape_thr=ESCAPE_THR, stop_thr=STOP_THR)
     task = kv.KVCfg(n_content=FLAGS.kv_vocab, m=FLAGS.kv_m, dict_size=FLAGS.kv_dict_size, n_max=FLAGS.kv_n_max,
                     eps=FLAGS.kv_eps, q=FLAGS.kv_q, query=FLAGS.kv_query, batch=batch, dict_seed=FLAGS.kv_dict_seed)
-    model = tf.model_cfg()  # validated; a bad model flag names itself
-    cfg = p1_kv.KVRunCfg(
-        kv=task, model=model, optim=tf.optim_cfg(lr, steps), loop=tf.loop_cfg(steps, name=PROGRAM),
-        mesh=tf.mesh_cfg(), lr=lr, offsets=tuple(offsets), seeds=FLAGS.seeds, seed=FLAGS.seed,
-        n_buckets=FLAGS.kv_buckets, eval_n=FLAGS.eval_n, lengen_ns=_ints("lengen_ns"),
-        lengen_eval_n=FLAGS.lengen_eval_n,
-        escape_thr=_or(FLAGS.escape_thr, ESCAPE_THR), stop_thr=_or(FLAGS.stop_thr, STOP_THR),
-        preset=tf.preset())
-    return cfg.validate()
+    return p1_kv.KVRunCfg(kv=task, spec=spec, n_buckets=FLAGS.kv_buckets, lengen_ns=_ints("lengen_ns")).validate()
 
 
 def describe(cfg) -> str:

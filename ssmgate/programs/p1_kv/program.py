@@ -38,7 +38,6 @@ n_pairs, seq_acc) as protocol §0.1 names them.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import time
@@ -50,16 +49,15 @@ import numpy as np
 
 from ssmgate.config_error import ConfigError
 from ssmgate.models import presets
-from ssmgate.models.config import ModelCfg
 from ssmgate.tasks import kv_retrieval as kv
 from ssmgate.tasks import length_buckets as lb
 from ssmgate.tasks.synthetic_lm import lm_loss, step_key
-from ssmgate.train import loop, mesh as meshlib, sweep
+from ssmgate.train import mesh as meshlib, sweep
 from ssmgate.train import sweep_results
 from ssmgate.train.compile_step import TrainPlan
 from ssmgate.train.experiment import make_mesh, run_experiment
-from ssmgate.train.optim import OptimCfg
 from ssmgate.train.run_dir import RunDir, say, to_jsonable
+from ssmgate.train.run_spec import RunSpec
 from ssmgate.train.step import cast_floating
 from ssmgate.train.sweep_results import eval_curves, gate_stats, linear_fit, offset_key
 
@@ -71,65 +69,34 @@ METRIC = "seq_accuracy"  # the escape / early-stop metric (protocol §3.4)
 @dataclasses.dataclass(frozen=True)
 class KVRunCfg:
     kv: kv.KVCfg                     # the task; kv.batch is the training batch
-    model: ModelCfg
-    optim: OptimCfg
-    loop: loop.LoopCfg
-    mesh: meshlib.MeshCfg
-    lr: float
-    offsets: tuple = (0.0,)
-    seeds: int = 1
-    seed: int = 0
+    spec: RunSpec                    # model, optimizer, loop, mesh, replicas, stop rule, evaluation sizes
     n_buckets: int = 8
-    eval_n: int = 1024
     lengen_ns: tuple = ()
-    lengen_eval_n: Optional[int] = None   # None: eval_n
-    escape_thr: float = 0.95
-    stop_thr: float = 0.99
-    preset: Optional[str] = None
-
-    @property
-    def replicas(self) -> list:
-        return sweep.grid(range(self.seed, self.seed + self.seeds), (self.lr,), self.offsets)
 
     @property
     def bounds(self) -> tuple:
         return lb.equal_buckets(1, self.kv.n_max, self.n_buckets)
 
-    @property
-    def stop(self) -> sweep.StopRule:
-        return sweep.StopRule(METRIC, self.escape_thr, self.stop_thr)
-
     def fingerprint(self) -> str:
         """What a checkpoint must match to be resumed (not the mesh, the cadence or the lengen sets)."""
-        keyed = {"kv": dataclasses.asdict(self.kv), "model": dataclasses.asdict(self.model),
-                 "optim": dataclasses.asdict(self.optim), "replicas": [dataclasses.asdict(r) for r in self.replicas],
-                 "n_buckets": self.n_buckets, "eval_n": self.eval_n, "stop": dataclasses.asdict(self.stop)}
-        return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return self.spec.fingerprint({"kv": dataclasses.asdict(self.kv), "n_buckets": self.n_buckets,
+                                      "eval_n": self.spec.eval_n})
 
     def validate(self) -> "KVRunCfg":
         try:
             self.kv.validate()
         except ValueError as e:
             raise ConfigError(kv_flag_message(str(e))) from None
-        if self.model.vocab_size < self.kv.vocab_size:
-            raise ConfigError(f"--vocab_size={self.model.vocab_size}: expected >= {self.kv.vocab_size} "
+        model = self.spec.validate().model
+        if model.vocab_size < self.kv.vocab_size:
+            raise ConfigError(f"--vocab_size={model.vocab_size}: expected >= {self.kv.vocab_size} "
                               f"(5 special + --kv_vocab={self.kv.n_content} content tokens; "
                               f"{self.kv.padded_vocab} pads it to a multiple of 8)")
-        sweep_results.check_offsets(self.offsets, self.model.block)
-        for name, value in (("seeds", self.seeds), ("eval_n", self.eval_n)):
-            if value < 1:
-                raise ConfigError(f"--{name}={value}: expected >= 1")
-        if self.seed < 0:
-            raise ConfigError(f"--seed={self.seed}: expected >= 0")
-        if self.lengen_eval_n is not None and self.lengen_eval_n < 1:
-            raise ConfigError(f"--lengen_eval_n={self.lengen_eval_n}: expected >= 1")
         if not 1 <= self.n_buckets <= self.kv.n_max:
             raise ConfigError(f"--kv_buckets={self.n_buckets}: expected an integer in 1..--kv_n_max={self.kv.n_max}")
-        if not 0.0 < self.escape_thr < 1.0:
-            raise ConfigError(f"--escape_thr={self.escape_thr}: expected a sequence accuracy in (0, 1)")
-        if not self.escape_thr <= self.stop_thr <= 1.0:
-            raise ConfigError(f"--stop_thr={self.stop_thr}: expected a value in [--escape_thr={self.escape_thr}, 1] "
-                              "(a replica frozen before it escapes would have no escape step)")
+        if self.spec.stop.escape_thr is None or self.spec.stop.stop_thr is None:
+            raise ConfigError("--escape_thr and --stop_thr: Figure 2b's escape steps need both (protocol §3.3-3.4: "
+                              "0.95 and 0.99)")
         if self.lengen_ns and self.kv.query != "best_last":
             raise ConfigError(f"--lengen_ns={','.join(map(str, self.lengen_ns))}: length generalisation is "
                               "evaluated for --kv_query=best_last only (protocol §3.4, Fig 2c); expected it empty")
@@ -237,33 +204,33 @@ def training_plan(cfg: KVRunCfg, dictionary=None) -> TrainPlan:
     if dictionary is None:
         dictionary = tuple(jnp.asarray(a) for a in kv.make_dictionary(cfg.kv))
     lo, hi = cfg.bounds[-1]
-    return TrainPlan(cfg.model, cfg.optim, cfg.replicas, kv_loss, cfg.mesh, force_sweep=True,
+    return TrainPlan(cfg.spec.model, cfg.spec.optim, cfg.spec.replicas, kv_loss, cfg.spec.mesh, force_sweep=True,
                      batch=lambda: jax.eval_shape(lambda: kv.sample(step_key(0, 0), cfg.kv, dictionary, lo, hi)))
 
 
 def run(cfg: KVRunCfg, run_dir: str) -> dict:
     cfg.validate()
     rd = RunDir(run_dir)
-    mesh = make_mesh(cfg.mesh)
+    mesh = make_mesh(cfg.spec.mesh)
     t0 = time.perf_counter()
-    replicas = cfg.replicas
+    replicas = cfg.spec.replicas
     labels = [r.label for r in replicas]
     dictionary = tuple(jnp.asarray(a) for a in kv.make_dictionary(cfg.kv))
     plan = training_plan(cfg, dictionary)
-    task, bounds, base_seed = cfg.kv, cfg.bounds, cfg.seed
-    eval_data = fixed_set(cfg, dictionary, EVAL_SEED, task.n_max, cfg.eval_n)
+    task, bounds, base_seed = cfg.kv, cfg.bounds, cfg.spec.grid.seed
+    eval_data = fixed_set(cfg, dictionary, EVAL_SEED, task.n_max, cfg.spec.eval_n)
     evaluation = {}
 
     def eval_fn(built):
         # not built.eval_fn (a mean over per-batch metrics): this pools exact counts over chunks in one
         # compiled loop and takes the fixed set as an argument, not a constant.
-        evaluate = evaluation["evaluate"] = make_evaluate(built.model, jnp.dtype(cfg.model.dtype))
+        evaluate = evaluation["evaluate"] = make_evaluate(built.model, jnp.dtype(cfg.spec.model.dtype))
         sweep_eval = jax.jit(lambda params, data: sweep.replica_vmap(evaluate, (0, None))(params, data))
         return lambda s: sweep_eval(s.train.params, eval_data)
 
     trained = run_experiment(
-        rd, **plan.engine(), loop_cfg=dataclasses.replace(cfg.loop, name=f"p1_kv {task.query}"), mesh=mesh,
-        fingerprint=cfg.fingerprint(), stop=cfg.stop, resume_stopped=True, eval_fn=eval_fn,
+        rd, **plan.engine(), loop_cfg=dataclasses.replace(cfg.spec.loop, name=f"p1_kv {task.query}"), mesh=mesh,
+        fingerprint=cfg.fingerprint(), stop=cfg.spec.stop, resume_stopped=True, eval_fn=eval_fn,
         meta={"config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "labels": labels},
         sample=lambda seed, k, b: kv.sample(step_key(seed, k), task, dictionary, b[0], b[1]),
         stage=lambda k: lb.bucket_for_step(bounds, base_seed, int(k), salt=kv.BUCKET_SALT))
@@ -271,21 +238,21 @@ def run(cfg: KVRunCfg, run_dir: str) -> dict:
     state = result.state
     escape = [None if v < 0 else int(v) for v in np.asarray(state.escape_step)]
     offsets = [r.offset for r in replicas]
-    seeds = list(range(cfg.seed, cfg.seed + cfg.seeds))
+    seeds = list(range(cfg.spec.grid.seed, cfg.spec.grid.seed + cfg.spec.grid.seeds))
     steps, values = eval_curves(rd.read_metrics(), len(replicas), [METRIC])
     values = values[METRIC]
 
     summary = {
-        "program": "p1_kv", "query": task.query, "kv": dataclasses.asdict(task), "block": cfg.model.block,
-        "preset": cfg.preset, "params": presets.param_count(cfg.model), "lr": cfg.lr,
+        "program": "p1_kv", "query": task.query, "kv": dataclasses.asdict(task), "block": cfg.spec.model.block,
+        "preset": cfg.spec.preset, "params": presets.param_count(cfg.spec.model), "lr": cfg.spec.optim.lr,
         "replicas": labels, "replica_offset": offsets, "replica_seed": [r.seed for r in replicas],
-        "offsets": list(cfg.offsets), "seeds": seeds, "steps": result.step, "resumed_from": result.resumed_from,
-        "escape_thr": cfg.escape_thr, "stop_thr": cfg.stop_thr,
+        "offsets": list(cfg.spec.grid.offsets), "seeds": seeds, "steps": result.step, "resumed_from": result.resumed_from,
+        "escape_thr": cfg.spec.stop.escape_thr, "stop_thr": cfg.spec.stop.stop_thr,
         "escape_step": escape,
         "stopped_step": [None if v < 0 else int(v) for v in np.asarray(state.stopped_step)],
         "diverged": [bool(v) for v in np.asarray(state.diverged)],
         "escape_step_by_offset": {offset_key(o): [escape[i] for i, r in enumerate(replicas) if r.offset == o]
-                                  for o in cfg.offsets},
+                                  for o in cfg.spec.grid.offsets},
         "plateau_accuracy": plateau_accuracy(steps, values, offsets, escape),
         "memoriser_accuracy": (1.0 - task.eps) ** task.m,
         "escape_fit": linear_fit([math.exp(offsets[i]) for i, e in enumerate(escape) if e is not None],
@@ -301,7 +268,7 @@ def run(cfg: KVRunCfg, run_dir: str) -> dict:
     final_params = built.params(state)
     if cfg.lengen_ns:
         summary.update(length_generalisation(cfg, evaluate, dictionary, final_params, replicas))
-    summary.update(gate_stats(built, cfg.model, replicas, final_params))
+    summary.update(gate_stats(built, cfg.spec.model, replicas, final_params))
     summary["wall_s"] = time.perf_counter() - t0
     if jax.process_index() == 0:
         rd.write_csv("kv_curve.csv", ("offset", "seed", "step", "seq_acc"),
@@ -319,10 +286,10 @@ def run(cfg: KVRunCfg, run_dir: str) -> dict:
 
 def length_generalisation(cfg: KVRunCfg, evaluate, dictionary, params, replicas) -> dict:
     """Fig 2c: every replica at each n of lengen_ns on a fresh fixed set (seed LENGEN_SEED + n)."""
-    examples = cfg.lengen_eval_n or cfg.eval_n
+    examples = cfg.spec.lengen_examples
     return sweep_results.length_generalisation(
         cfg.lengen_ns, lambda n: fixed_set(cfg, dictionary, LENGEN_SEED + n, n, examples), evaluate, params,
-        replicas, cfg.offsets, "seq_accuracy", "p1_kv")
+        replicas, cfg.spec.grid.offsets, "seq_accuracy", "p1_kv")
 
 
 def describe(cfg: KVRunCfg) -> str:
@@ -333,17 +300,17 @@ def describe(cfg: KVRunCfg) -> str:
              f"  sequence length at n = N = {N}: {kv.seq_len(t, N)} tokens (mean over U{{1..{N}}}: {mean_len:.0f}); "
              f"{cfg.n_buckets} length buckets {cfg.bounds[:4]}{' ...' if cfg.n_buckets > 4 else ''}",
              f"  memoriser accuracy (1 - eps)^m = {(1 - t.eps) ** t.m:.4f}",
-             f"model: {cfg.model}", f"optimizer: {cfg.optim}", f"loop: {cfg.loop}",
-             f"escape: first eval with {METRIC} > {cfg.escape_thr}; stop at >= {cfg.stop_thr}",
-             f"replicas ({len(cfg.replicas)}, one vmapped sweep): offsets {', '.join(offset_key(o) for o in cfg.offsets)}"
-             f" x seeds {cfg.seed}..{cfg.seed + cfg.seeds - 1} at lr {cfg.lr:g}"]
-    chunks, chunk = eval_chunk(cfg, N, cfg.eval_n)
+             f"model: {cfg.spec.model}", f"optimizer: {cfg.spec.optim}", f"loop: {cfg.spec.loop}",
+             f"escape: first eval with {METRIC} > {cfg.spec.stop.escape_thr}; stop at >= {cfg.spec.stop.stop_thr}",
+             f"replicas ({len(cfg.spec.replicas)}, one vmapped sweep): offsets {', '.join(offset_key(o) for o in cfg.spec.grid.offsets)}"
+             f" x seeds {cfg.spec.grid.seed}..{cfg.spec.grid.seed + cfg.spec.grid.seeds - 1} at lr {cfg.spec.optim.lr:g}"]
+    chunks, chunk = eval_chunk(cfg, N, cfg.spec.eval_n)
     lines.append(f"eval: {chunks * chunk} examples at n = {N} ({chunks} chunk(s) of {chunk})")
     for n in cfg.lengen_ns:
-        chunks, chunk = eval_chunk(cfg, n, cfg.lengen_eval_n or cfg.eval_n)
+        chunks, chunk = eval_chunk(cfg, n, cfg.spec.lengen_examples)
         lines.append(f"length generalisation n = {n}: {kv.seq_len(t, n)} tokens, {chunks * chunk} examples "
                      f"({chunks} chunk(s) of {chunk})")
-    lines += ["", presets.count_table(cfg.model, cfg.preset or "")]
-    mesh, note = meshlib.mesh_for_description(cfg.mesh)
+    lines += ["", presets.count_table(cfg.spec.model, cfg.spec.preset or "")]
+    mesh, note = meshlib.mesh_for_description(cfg.spec.mesh)
     lines.append(f"mesh {dict(mesh.shape)}{note}")
     return "\n".join(lines)

@@ -9,7 +9,6 @@ from ssmgate.cli import training_flags as tf
 from ssmgate.config_error import ConfigError
 from ssmgate.programs.train_lm import program as train_lm
 from ssmgate.tasks import synthetic_lm
-from ssmgate.train import sweep
 
 flags.DEFINE_integer("eval_batches", 4, "Batches of the fixed evaluation set.")
 flags.DEFINE_boolean("sweep", False, "Train as a vmapped sweep even with one replica.")
@@ -20,25 +19,17 @@ GROUPS_READ = ("run", "seeds", "lr", "gate_offset", "model", "optim", "mesh", "l
 
 
 def config_from_flags() -> train_lm.TrainLMCfg:
-    steps, batch = tf.require("steps", "train"), tf.require("batch", "train")
-    lrs = tf.learning_rates("train")  # the optimizer's own lr is set per replica
+    batch = tf.require("batch", "train")
+    spec = tf.run_spec("train", metric=FLAGS.stop_metric, lr_sweep=True)  # each replica its own lr
     task_name = FLAGS.task or "copy"
     if task_name not in synthetic_lm.TASKS:
         raise ConfigError(f"--task={task_name}: expected one of {', '.join(synthetic_lm.TASKS)} for --program=train")
-    model = tf.model_cfg()
     try:
-        task = synthetic_lm.SyntheticCfg(task_name, batch, FLAGS.seq_len, model.vocab_size).validate()
+        task = synthetic_lm.SyntheticCfg(task_name, batch, FLAGS.seq_len, spec.model.vocab_size).validate()
     except ValueError as e:
         raise ConfigError(f"--{e}" if not str(e).startswith("--") else str(e)) from None
-    offsets = tf.gate_offsets()
-    if FLAGS.seeds < 1:
-        raise ConfigError(f"--seeds={FLAGS.seeds}: expected >= 1")
-    replicas = tuple(sweep.grid(range(FLAGS.seed, FLAGS.seed + FLAGS.seeds), lrs, offsets))
-    stop = sweep.StopRule(FLAGS.stop_metric, FLAGS.escape_thr, FLAGS.stop_thr)
-    cfg = train_lm.TrainLMCfg(model=model, optim=tf.optim_cfg(lrs[0], steps), task=task, loop=tf.loop_cfg(steps),
-                              mesh=tf.mesh_cfg(), replicas=replicas, stop=stop, eval_batches=FLAGS.eval_batches,
-                              preset=tf.preset(), force_sweep=FLAGS.sweep)
-    return cfg.validate()
+    return train_lm.TrainLMCfg(task=task, spec=spec, eval_batches=FLAGS.eval_batches,
+                               force_sweep=FLAGS.sweep).validate()
 
 
 def describe(cfg) -> str:

@@ -1,0 +1,94 @@
+"""The spec of a sweep run, shared by the programs that train replicas: what every such run has
+besides its task, validated once and fingerprinted once.
+
+    RunSpec(model, optim, loop, mesh, grid, stop, eval_n, lengen_eval_n, preset)
+
+- `grid` is the replica grid, seeds x learning rates x gate offsets (`Grid`); it is the one home of the
+  seeds and the gate offsets. A run at one learning rate keeps it in `optim.lr` alone (`Grid.lrs` is
+  then empty); a learning-rate sweep lists them in `Grid.lrs` and `optim.lr` is their first.
+- `stop` is the sweep's escape and early-stop rule (`sweep.StopRule`; None thresholds: no escape, no
+  early stop; an accuracy's thresholds lie in (0, 1]), `eval_n` the examples of the fixed evaluation set during training, `lengen_eval_n`
+  those of each length-generalisation set after it (None: `eval_n`).
+
+A program's config composes a RunSpec with its task config (docs/training.md); `fingerprint(task)`
+hashes the spec's part and the task's part together, the key a checkpoint must match to resume.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from typing import Optional
+
+from ssmgate.config_error import ConfigError
+from ssmgate.models.config import ModelCfg
+from ssmgate.train import loop as looplib, mesh as meshlib, sweep
+from ssmgate.train.optim import OptimCfg
+from ssmgate.train.sweep_results import check_offsets
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """The replicas: seeds `seed .. seed + seeds - 1` x learning rates x gate offsets delta."""
+    seed: int = 0
+    seeds: int = 1
+    offsets: tuple = (0.0,)
+    lrs: tuple = ()        # a learning-rate sweep; empty: the one learning rate of the optimizer
+
+    def replicas(self, lr: float) -> list:
+        return sweep.grid(range(self.seed, self.seed + self.seeds), self.lrs or (lr,), self.offsets)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    model: ModelCfg
+    optim: OptimCfg
+    loop: looplib.LoopCfg
+    mesh: meshlib.MeshCfg
+    grid: Grid = Grid()
+    stop: sweep.StopRule = sweep.StopRule()
+    eval_n: int = 1024
+    lengen_eval_n: Optional[int] = None   # None: eval_n
+    preset: Optional[str] = None
+
+    @property
+    def replicas(self) -> list:
+        return self.grid.replicas(self.optim.lr)
+
+    @property
+    def lengen_examples(self) -> int:
+        return self.lengen_eval_n or self.eval_n
+
+    def fingerprint(self, task: dict) -> str:
+        """What a checkpoint must match to be resumed: the model, the optimizer, the replicas, the stop rule
+        and the task's part `task` (never the mesh, the loop's cadence or the sets evaluated after training)."""
+        keyed = {"model": dataclasses.asdict(self.model), "optim": dataclasses.asdict(self.optim),
+                 "replicas": [dataclasses.asdict(r) for r in self.replicas], "stop": dataclasses.asdict(self.stop),
+                 **task}
+        return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def validate(self) -> "RunSpec":
+        g = self.grid
+        check_offsets(g.offsets, self.model.block)
+        if g.seeds < 1:
+            raise ConfigError(f"--seeds={g.seeds}: expected >= 1")
+        if g.seed < 0:
+            raise ConfigError(f"--seed={g.seed}: expected >= 0")
+        if g.lrs and (any(not math.isfinite(v) or v <= 0 for v in g.lrs) or g.lrs[0] != self.optim.lr):
+            raise ConfigError(f"--lr={','.join(f'{v:g}' for v in g.lrs)}: expected positive, finite learning rates, "
+                              f"the first the optimizer's ({self.optim.lr:g})")
+        if self.eval_n < 1:
+            raise ConfigError(f"--eval_n={self.eval_n}: expected >= 1")
+        if self.lengen_eval_n is not None and self.lengen_eval_n < 1:
+            raise ConfigError(f"--lengen_eval_n={self.lengen_eval_n}: expected >= 1")
+        escape, stop, metric = self.stop.escape_thr, self.stop.stop_thr, self.stop.metric
+        if metric.endswith("accuracy"):  # an accuracy lies in [0, 1]; other metrics take any threshold
+            if escape is not None and not 0.0 < escape < 1.0:
+                raise ConfigError(f"--escape_thr={escape}: expected a {metric} in (0, 1) (or unset: no escape)")
+            if stop is not None and not 0.0 < stop <= 1.0:
+                raise ConfigError(f"--stop_thr={stop}: expected a {metric} in (0, 1] (or unset: no early stop)")
+            if None not in (escape, stop) and stop < escape:
+                raise ConfigError(f"--stop_thr={stop}: expected a value in [--escape_thr={escape}, 1] (a replica "
+                                  "frozen before it escapes would have no escape step)")
+        return self
