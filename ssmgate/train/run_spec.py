@@ -85,9 +85,11 @@ class RunSpec:
         escape, stop, metric = self.stop.escape_thr, self.stop.stop_thr, self.stop.metric
         if metric.endswith("accuracy"):  # an accuracy lies in [0, 1]; other metrics take any threshold
             if escape is not None and not 0.0 < escape < 1.0:
-                raise ConfigError(f"--escape_thr={escape}: expected a {metric} in (0, 1) (or unset: no escape)")
+                raise ConfigError(f"--escape_thr={escape}: expected a value of {metric} in (0, 1) "
+                                  "(or unset: no escape)")
             if stop is not None and not 0.0 < stop <= 1.0:
-                raise ConfigError(f"--stop_thr={stop}: expected a {metric} in (0, 1] (or unset: no early stop)")
+                raise ConfigError(f"--stop_thr={stop}: expected a value of {metric} in (0, 1] "
+                                  "(or unset: no early stop)")
             if None not in (escape, stop) and stop < escape:
                 raise ConfigError(f"--stop_thr={stop}: expected a value in [--escape_thr={escape}, 1] (a replica "
                                   "frozen before it escapes would have no escape step)")

@@ -158,7 +158,7 @@ def parse():
     (["--lengen_ns=8"], "--lengen_ns=8: length generalisation is evaluated for --kv_query=best_last only"),
     (["--kv_query=best_last", "--lengen_ns=8,x"], "--lengen_ns=8,x: cannot read 'x'"),
     (["--kv_query=best_last", "--lengen_ns=64"], "--lengen_ns: 64: expected pair counts in 1..--kv_dict_size=32"),
-    (["--escape_thr=1.5"], "--escape_thr=1.5: expected a seq_accuracy in (0, 1)"),
+    (["--escape_thr=1.5"], "--escape_thr=1.5: expected a value of seq_accuracy in (0, 1)"),
     (["--stop_thr=0.5"], "--stop_thr=0.5: expected a value in [--escape_thr=0.95, 1]"),
     (["--eval_n=0"], "--eval_n=0: expected >= 1"),
     (["--lr=1e-3,1e-2"], "--lr=1e-3,1e-2: expected one learning rate"),
