@@ -7,8 +7,8 @@ besides its task, validated once and fingerprinted once.
   seeds and the gate offsets. A run at one learning rate keeps it in `optim.lr` alone (`Grid.lrs` is
   then empty); a learning-rate sweep lists them in `Grid.lrs` and `optim.lr` is their first.
 - `stop` is the sweep's escape and early-stop rule (`sweep.StopRule`; None thresholds: no escape, no
-  early stop; an accuracy's thresholds lie in (0, 1]), `eval_n` the examples of the fixed evaluation set during training, `lengen_eval_n`
-  those of each length-generalisation set after it (None: `eval_n`).
+  early stop; an accuracy's thresholds lie in (0, 1]), `eval_n` the examples of the fixed evaluation
+  set during training, `lengen_eval_n` those of each length-generalisation set after it (None: `eval_n`).
 
 A program's config composes a RunSpec with its task config (docs/training.md); `fingerprint(task)`
 hashes the spec's part and the task's part together, the key a checkpoint must match to resume.
