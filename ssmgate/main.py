@@ -236,12 +236,17 @@ def _checkpoints_note(rd) -> str:
            f"resume from step {steps[-1]}"
 
 
+def _optim(cfg):
+    """The optimizer config of a program's config (its run spec's, where it composes one); None: it trains nothing."""
+    return getattr(getattr(cfg, "spec", cfg), "optim", None)
+
+
 def _extension(program, cfg, rd):
     """(cfg on the schedule the run trains on, note) for a rerun of a run with checkpoints
     (ssmgate.cli.extension), or (cfg, None) when the flags alone decide. Keeping the checkpoint's
     optimizer state changes no trained step, and added steps run at the schedule's end value."""
     old = rd.file("flags.txt")
-    if FLAGS["schedule_steps"].present or getattr(cfg, "optim", None) is None or not old.exists() \
+    if FLAGS["schedule_steps"].present or _optim(cfg) is None or not old.exists() \
             or not any(rd.file("checkpoints").glob("[0-9]*")):
         return cfg, None
     schedule = extension.schedule_of_rerun(old.read_text(), str(old), FLAGS.steps)
@@ -249,13 +254,14 @@ def _extension(program, cfg, rd):
         return cfg, None
     FLAGS.schedule_steps = schedule.steps
     cfg = program.config_from_flags()
-    floor = cfg.optim.lr * cfg.optim.final_lr_frac
+    opt = _optim(cfg)
+    floor = opt.lr * opt.final_lr_frac
     if schedule.resumed:
         return cfg, (f"resuming the run extended to --steps={FLAGS.steps} on the schedule it trained with "
                      f"(--schedule_steps={schedule.steps}, from {old})")
     if floor == 0:
         raise ConfigError(f"--steps: {schedule.extends_from} -> {FLAGS.steps} extends a run whose schedule ends at "
-                          f"lr 0 (--opt_final_lr_frac={cfg.optim.final_lr_frac:g}): the added steps would not train; "
+                          f"lr 0 (--opt_final_lr_frac={opt.final_lr_frac:g}): the added steps would not train; "
                           f"expected a new --run_dir for a longer schedule")
     return cfg, (f"extending the run from --steps={schedule.extends_from} to {FLAGS.steps} on the schedule it "
                  f"trained with (--schedule_steps={schedule.steps}): steps after {schedule.steps} run at its final "
