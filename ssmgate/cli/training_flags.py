@@ -195,16 +195,18 @@ def gate_offsets() -> tuple[float, ...]:
 
 
 def run_spec(program: str, *, metric: str, escape_thr: float | None = None, stop_thr: float | None = None,
-             lr_sweep: bool = False) -> RunSpec:
+             lr_sweep: bool = False, model_base: ModelCfg | None = None, loop_name: str | None = None) -> RunSpec:
     """The RunSpec the shared flags describe (the program config that composes it validates it): the model,
     --opt_*, the loop, --mesh_*, the replica grid (--seed, --seeds, --lr, --gate_offset), the stop rule on
     `metric` (--escape_thr, --stop_thr; the program's defaults when not given) and --eval_n /
-    --lengen_eval_n. `lr_sweep`: --lr may be a grid, one replica per learning rate."""
+    --lengen_eval_n. `lr_sweep`: --lr may be a grid, one replica per learning rate; `model_base`: the model
+    the flags modify (default the --preset's); `loop_name`: the progress lines' name (default the program)."""
     steps = require("steps", program)
     lrs = learning_rates(program) if lr_sweep else [one_lr(program)]
     escape = escape_thr if FLAGS.escape_thr is None else FLAGS.escape_thr
     stop = stop_thr if FLAGS.stop_thr is None else FLAGS.stop_thr
-    return RunSpec(model=model_cfg(), optim=optim_cfg(lrs[0], steps), loop=loop_cfg(steps, name=program),
+    return RunSpec(model=model_cfg(model_base), optim=optim_cfg(lrs[0], steps),
+                   loop=loop_cfg(steps, name=loop_name or program),
                    mesh=mesh_cfg(), grid=Grid(FLAGS.seed, FLAGS.seeds, tuple(gate_offsets()),
                                               tuple(lrs) if len(lrs) > 1 else ()),
                    stop=sweep.StopRule(metric, escape, stop), eval_n=FLAGS.eval_n,

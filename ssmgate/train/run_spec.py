@@ -28,6 +28,9 @@ from ssmgate.train.optim import OptimCfg
 from ssmgate.train.sweep_results import check_offsets
 
 
+SWEEP_PARTS = ("model", "optim", "replicas", "stop")
+
+
 @dataclasses.dataclass(frozen=True)
 class Grid:
     """The replicas: seeds `seed .. seed + seeds - 1` x learning rates x gate offsets delta."""
@@ -60,12 +63,15 @@ class RunSpec:
     def lengen_examples(self) -> int:
         return self.lengen_eval_n or self.eval_n
 
-    def fingerprint(self, task: dict) -> str:
-        """What a checkpoint must match to be resumed: the model, the optimizer, the replicas, the stop rule
-        and the task's part `task` (never the mesh, the loop's cadence or the sets evaluated after training)."""
-        keyed = {"model": dataclasses.asdict(self.model), "optim": dataclasses.asdict(self.optim),
-                 "replicas": [dataclasses.asdict(r) for r in self.replicas], "stop": dataclasses.asdict(self.stop),
-                 **task}
+    def fingerprint(self, task: dict, parts: tuple = SWEEP_PARTS) -> str:
+        """What a checkpoint must match to be resumed: the spec's `parts` (default: the model, the optimizer,
+        the replicas and the stop rule) and the task's part `task`; never the mesh, the loop's cadence or the
+        sets evaluated after training. A program whose checkpoints were first keyed otherwise names the parts
+        it keys and passes the rest in `task`, so that its existing runs still resume."""
+        spec = {"model": lambda: dataclasses.asdict(self.model), "optim": lambda: dataclasses.asdict(self.optim),
+                "replicas": lambda: [dataclasses.asdict(r) for r in self.replicas],
+                "stop": lambda: dataclasses.asdict(self.stop)}
+        keyed = {**{p: spec[p]() for p in parts}, **task}
         return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def validate(self) -> "RunSpec":

@@ -11,7 +11,8 @@ import pytest
 from ssmgate.models import presets
 from ssmgate.programs.p2_state_tracking import program as p2
 from ssmgate.tasks import state_tracking as st
-from ssmgate.train import loop, mesh, optim
+from ssmgate.train import loop, mesh, optim, sweep
+from ssmgate.train.run_spec import Grid, RunSpec
 
 STEPS = 1500
 
@@ -23,10 +24,10 @@ def c17_cfg():
                                 ramp_steps=800, hold_steps=400)
     opt = optim.OptimCfg(name="adamw", lr=3e-3, total_steps=STEPS, warmup_steps=75, final_lr_frac=0.1,
                          b1=0.9, b2=0.95, weight_decay=0.0, clip_norm=1.0)
-    return p2.StateTrackingCfg(
-        data=data, model=model, optim=opt, loop=loop.LoopCfg(steps=STEPS, log_every=250, tensorboard=False),
-        mesh=mesh.MeshCfg(), lrs=(3e-3, 1e-2), models=("underdamped", "m3_norot", "m3_static"), seeds=2,
-        val_n=512, test_n=2048, test_lens=(224,)).validate()
+    spec = RunSpec(model=model, optim=opt, loop=loop.LoopCfg(steps=STEPS, log_every=250, tensorboard=False),
+                   mesh=mesh.MeshCfg(), grid=Grid(seeds=2, lrs=(3e-3, 1e-2)), stop=sweep.StopRule("accuracy"))
+    return p2.StateTrackingCfg(data=data, spec=spec, models=("underdamped", "m3_norot", "m3_static"), val_n=512,
+                               test_n=2048, test_lens=(224,)).validate()
 
 
 @pytest.mark.slow

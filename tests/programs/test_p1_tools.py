@@ -17,6 +17,7 @@ from ssmgate.programs.p1_tools import report as p1_tools_report
 from ssmgate.config_error import ConfigError
 from ssmgate.train import loop, mesh as meshlib, optim, sweep
 from ssmgate.train.checkpoint import Checkpointer
+from ssmgate.train.run_spec import Grid, RunSpec
 from ssmgate.train.state import TrainState
 from tests.main_runs import dry_run_flag_files
 
@@ -28,10 +29,10 @@ def make_cfg(model=TINY, scales=(0.5, 2.0), init_run="", steps=2):
     """`scales`: P1's gate scales s, trained as the offsets ln s."""
     tools = p1_tools.ToolsCfg(k_max=2, seq_len=1024, batch=2, eval_k=(1, 3), weak_betas=(0.05,), weak_k=(3,),
                               max_new=6, eval_batch=4, max_test=4)
-    return p1_tools.P1ToolsCfg(model=model, optim=optim.OptimCfg(name="adamw", lr=1e-3, total_steps=steps),
-                               tools=tools, loop=loop.LoopCfg(steps, log_every=1, tensorboard=False),
-                               mesh=meshlib.MeshCfg(), gate_offsets=tuple(math.log(s) for s in scales),
-                               init_run=init_run).validate()
+    spec = RunSpec(model=model, optim=optim.OptimCfg(name="adamw", lr=1e-3, total_steps=steps),
+                   loop=loop.LoopCfg(steps, log_every=1, tensorboard=False), mesh=meshlib.MeshCfg(),
+                   grid=Grid(offsets=tuple(math.log(s) for s in scales)))
+    return p1_tools.P1ToolsCfg(tools=tools, spec=spec, init_run=init_run).validate()
 
 
 @pytest.fixture(scope="module")

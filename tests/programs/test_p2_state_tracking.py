@@ -11,7 +11,8 @@ from ssmgate import reproduce
 from ssmgate.models import presets
 from ssmgate.programs.p2_state_tracking import program as p2
 from ssmgate.tasks import state_tracking as st
-from ssmgate.train import loop, mesh, optim
+from ssmgate.train import loop, mesh, optim, sweep
+from ssmgate.train.run_spec import Grid, RunSpec
 from tests.main_runs import dry_run_flag_files, run_many
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,10 +22,16 @@ def tiny_cfg(task="parity", models=("underdamped", "mamba2")):
     model = presets.state_tracking("m3_native", 1).replace(d_model=16, d_state=8, headdim=8)
     data = st.StateTrackDataCfg(task=task, batch=8, max_len=9 if task == "arith" else 8, L_min=3, L_max0=5,
                                 L_max1=9 if task == "arith" else 8, ramp_steps=4)
-    return p2.StateTrackingCfg(
-        data=data, model=model, optim=optim.OptimCfg(name="adamw", lr=1e-2, total_steps=6, warmup_steps=1),
-        loop=loop.LoopCfg(steps=6, log_every=3, tensorboard=False), mesh=mesh.MeshCfg(), lrs=(1e-2, 3e-3),
-        models=models, val_n=16, test_n=24, test_lens=(12, 13)).validate()
+    spec = RunSpec(model=model, optim=optim.OptimCfg(name="adamw", lr=1e-2, total_steps=6, warmup_steps=1),
+                   loop=loop.LoopCfg(steps=6, log_every=3, tensorboard=False), mesh=mesh.MeshCfg(),
+                   grid=Grid(lrs=(1e-2, 3e-3)), stop=sweep.StopRule("accuracy"))
+    return p2.StateTrackingCfg(data=data, spec=spec, models=models, val_n=16, test_n=24, test_lens=(12, 13)).validate()
+
+
+def with_stop(cfg, stop_thr, **spec_changes):
+    """cfg with the early-stopping threshold (and other spec fields) changed."""
+    spec = dataclasses.replace(cfg.spec, stop=sweep.StopRule("accuracy", stop_thr=stop_thr), **spec_changes)
+    return dataclasses.replace(cfg, spec=spec)
 
 
 def test_table_row_summary_lr_choice_and_phase_code(tmp_path):
@@ -40,7 +47,7 @@ def test_table_row_summary_lr_choice_and_phase_code(tmp_path):
             assert out["scaled_accuracy"][name][length] == pytest.approx(100 * (acc - 0.5) / 0.5)
         assert (tmp_path / name / "checkpoints" / "6").is_dir()
     code = out["phase_code"]
-    h, r = cfg.model.n_ssm_heads, cfg.model.n_rot_pairs
+    h, r = cfg.spec.model.n_ssm_heads, cfg.spec.model.n_rot_pairs
     assert len(code["pairs_deg"]) == h * r and code["ideal_deg"] == [0.0, 180.0]
     best = code["pairs_deg"][code["head"] * r + code["pair"]]
     assert code["deg"] == best and all(-180 < d <= 180 for d in code["deg"])
@@ -50,7 +57,7 @@ def test_table_row_summary_lr_choice_and_phase_code(tmp_path):
     again = p2.run(cfg, tmp_path)
     assert again["accuracy"] == out["accuracy"] and again["chosen_lr"] == out["chosen_lr"]
     # ...and says so, so that ssmgate.reproduce keeps the first run's wall time instead of the resume's.
-    assert out["resumed_from"] is None and again["resumed_from"] == cfg.loop.steps
+    assert out["resumed_from"] is None and again["resumed_from"] == cfg.spec.loop.steps
 
 
 def test_a_grid_resumed_partway_reports_the_earliest_step_a_model_continued_from():
@@ -71,7 +78,7 @@ def test_arithmetic_tests_odd_lengths_and_has_no_phase_code(tmp_path):
 
 def test_length_buckets_run_and_need_a_quantum(tmp_path):
     cfg = dataclasses.replace(tiny_cfg("arith", models=("underdamped",)), len_quantum=4, len_buckets=True)
-    stages = {st.length_bucket(cfg.data, k, 4, cfg.seed) for k in range(6)}
+    stages = {st.length_bucket(cfg.data, k, 4, cfg.spec.grid.seed) for k in range(6)}
     assert stages <= {(1, 4), (5, 8), (9, 9)} and len(stages) > 1
     out = p2.run(cfg, tmp_path)
     assert set(out["scaled_accuracy"]["underdamped"]) == {"11", "13"}
@@ -84,17 +91,17 @@ def test_length_buckets_run_and_need_a_quantum(tmp_path):
 def test_early_stopping_freezes_replicas_at_the_threshold(tmp_path):
     """With --stop_thr a replica whose validation accuracy reaches it stops training there; the
     program ends when every replica has stopped, and tests the frozen parameters."""
-    cfg = dataclasses.replace(tiny_cfg(models=("mamba2",)), stop_thr=1e-6,
-                              loop=loop.LoopCfg(steps=6, log_every=3, eval_every=2, tensorboard=False))
+    cfg = with_stop(tiny_cfg(models=("mamba2",)), 1e-6,
+                    loop=loop.LoopCfg(steps=6, log_every=3, eval_every=2, tensorboard=False))
     out = p2.run(cfg, tmp_path)
     assert out["stopped_step"]["mamba2"] == [2, 2]  # any accuracy >= 1e-6: both stop at the first evaluation
     assert (tmp_path / "mamba2" / "checkpoints" / "2").is_dir() and not (tmp_path / "mamba2" / "checkpoints" / "6").exists()
     assert "validation accuracy reaches 1e-06" in p2.describe(cfg)
     assert p2.run(tiny_cfg(models=("mamba2",)), tmp_path / "plain")["stopped_step"]["mamba2"] == [-1, -1]
-    assert cfg.fingerprint("mamba2") != dataclasses.replace(cfg, stop_thr=None).fingerprint("mamba2")
+    assert cfg.fingerprint("mamba2") != with_stop(cfg, None).fingerprint("mamba2")
     for bad in (0.0, 1.5):
-        with pytest.raises(p2.ConfigError, match=f"--stop_thr={bad}: expected a validation accuracy in"):
-            dataclasses.replace(cfg, stop_thr=bad).validate()
+        with pytest.raises(p2.ConfigError, match=f"--stop_thr={bad}: expected a value of accuracy in"):
+            with_stop(cfg, bad).validate()
 
 
 def test_rows_swap_only_the_transition():

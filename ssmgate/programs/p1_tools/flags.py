@@ -40,18 +40,15 @@ def _numbers(name: str, kind):
 
 
 def config_from_flags() -> p1_tools.P1ToolsCfg:
-    steps, batch, lr = tf.require("steps", "p1_tools"), tf.require("batch", "p1_tools"), tf.one_lr("p1_tools")
+    batch = tf.require("batch", "p1_tools")
+    spec = tf.run_spec("p1_tools", metric="accuracy")
     tools = p1_tools.ToolsCfg(test_percent=FLAGS.tools_test_percent, k_max=FLAGS.tools_k_max,
                               seq_len=FLAGS.tools_seq_len, quantum=FLAGS.tools_quantum, batch=batch,
                               eval_k=_numbers("tools_eval_k", int), weak_betas=_numbers("weak_betas", float),
                               weak_k=_numbers("weak_eval_k", int), max_new=FLAGS.tools_max_new,
                               eval_batch=FLAGS.tools_eval_batch, max_test=FLAGS.tools_max_test,
                               data_dir=FLAGS.bfcl_data_dir, tokenizer=FLAGS.tokenizer)
-    cfg = p1_tools.P1ToolsCfg(model=tf.model_cfg(), optim=tf.optim_cfg(lr, steps), tools=tools,
-                              loop=tf.loop_cfg(steps, name="p1_tools"), mesh=tf.mesh_cfg(),
-                              gate_offsets=tf.gate_offsets(), init_run=FLAGS.init_run, seed=FLAGS.seed,
-                              preset=tf.preset())
-    return cfg.validate()
+    return p1_tools.P1ToolsCfg(tools=tools, spec=spec, init_run=FLAGS.init_run).validate()
 
 
 def describe(cfg) -> str:

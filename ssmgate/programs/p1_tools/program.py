@@ -31,7 +31,6 @@ first n_test training questions in main-setting pools of k_max), "n_seen", "samp
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import time
@@ -43,19 +42,19 @@ import numpy as np
 
 from ssmgate.config_error import ConfigError
 from ssmgate.models import presets
-from ssmgate.models.config import ModelCfg
 from ssmgate.tasks import bfcl, bfcl_checker, tool_pools, tool_prompts as tpr
 from ssmgate.tasks.synthetic_lm import LMBatch
 from ssmgate.tasks.tokenizers import load_tokenizer
 from ssmgate.train import lm_decode
 from ssmgate.train import lm_runs
-from ssmgate.train import loop, mesh as meshlib, optim, sweep, sweep_results
+from ssmgate.train import sweep
 from ssmgate.train.cell_store import CellStore
 from ssmgate.train.checkpoint import CheckpointError, Checkpointer
 from ssmgate.train.compile_step import TrainPlan
 from ssmgate.train.experiment import run_experiment
 from ssmgate.train.lm_runs import text_loss
 from ssmgate.train.run_dir import RunDir, say
+from ssmgate.train.run_spec import RunSpec
 from ssmgate.train.writers import plot_curves
 
 CELLS_FILE = "tools_eval_cells.jsonl"
@@ -95,36 +94,35 @@ class ToolsCfg:
 
 @dataclasses.dataclass(frozen=True)
 class P1ToolsCfg:
-    model: ModelCfg
-    optim: optim.OptimCfg
     tools: ToolsCfg
-    loop: loop.LoopCfg
-    mesh: meshlib.MeshCfg
-    gate_offsets: tuple = tuple(math.log(s) for s in (0.06, 0.12, 0.25, 1.0, 4.0, 8.0, 16.0))  # protocol §5.2: ln s
+    spec: RunSpec             # model, optimizer, loop, mesh; its grid: the gate offsets ln s at one seed
     init_run: str = ""
-    seed: int = 0
-    preset: Optional[str] = None
 
     def fingerprint(self) -> str:
-        keyed = {"model": dataclasses.asdict(self.model), "optim": dataclasses.asdict(self.optim),
-                 "tools": {k: v for k, v in dataclasses.asdict(self.tools).items()
-                           if k in ("test_percent", "k_max", "seq_len", "quantum", "batch", "data_dir", "tokenizer")},
-                 "gate_offsets": list(self.gate_offsets), "init_run": self.init_run, "seed": self.seed}
-        return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        """The model, the optimizer, the data, the offsets, the starting weights and the seed (keyed as the
+        program's first checkpoints were)."""
+        tools = {k: v for k, v in dataclasses.asdict(self.tools).items()
+                 if k in ("test_percent", "k_max", "seq_len", "quantum", "batch", "data_dir", "tokenizer")}
+        return self.spec.fingerprint({"tools": tools, "gate_offsets": list(self.spec.grid.offsets),
+                                      "init_run": self.init_run, "seed": self.spec.grid.seed},
+                                     parts=("model", "optim"))
 
     @property
     def gate_scales(self) -> tuple:
         """P1's gate scales s = e^delta, the labels of the replicas and of the summary."""
-        return tuple(math.exp(o) for o in self.gate_offsets)
+        return tuple(math.exp(o) for o in self.spec.grid.offsets)
 
     def validate(self) -> "P1ToolsCfg":
         try:
             self.tools.validate()
         except ValueError as e:
             raise ConfigError(f"--tools_{e}") from None
-        sweep_results.check_offsets(self.gate_offsets, self.model.block)
-        if self.tools.tokenizer == "byte" and self.model.vocab_size < tpr.BYTES.vocab_size:
-            raise ConfigError(f"--vocab_size={self.model.vocab_size}: the byte tokenizer has "
+        model = self.spec.validate().model
+        if self.spec.grid.seeds != 1 or self.spec.grid.lrs:
+            raise ConfigError("p1_tools fine-tunes one seed at one learning rate (protocol §5.2); expected "
+                              "--seeds=1 and one --lr")
+        if self.tools.tokenizer == "byte" and model.vocab_size < tpr.BYTES.vocab_size:
+            raise ConfigError(f"--vocab_size={model.vocab_size}: the byte tokenizer has "
                               f"{tpr.BYTES.vocab_size} tokens; expected --vocab_size >= {tpr.BYTES.vocab_size}")
         return self
 
@@ -153,22 +151,22 @@ def load_base_params(cfg: P1ToolsCfg, where: Optional[Path]):
         except CheckpointError as e:
             raise ConfigError(f"--init_run={cfg.init_run}: {e}") from None
     params = state.get("params") if isinstance(state, dict) else None
-    expected = presets.param_shapes(cfg.model)
+    expected = presets.param_shapes(cfg.spec.model)
     got = None if params is None else jax.tree.map(np.shape, params)
     want = jax.tree.map(lambda a: tuple(a.shape), expected)
     if got != want:
         raise ConfigError(f"--init_run={cfg.init_run}: the checkpoint's parameters (step {step}) do not fit the "
-                          f"model flags ({cfg.model.block}, d_model {cfg.model.d_model}, {cfg.model.n_layers} layers);"
+                          f"model flags ({cfg.spec.model.block}, d_model {cfg.spec.model.d_model}, {cfg.spec.model.n_layers} layers);"
                           " pass the pretraining run's model flags")
     say(f"[p1_tools] starting from step {step} of {where}")
     return jax.tree.map(lambda a: np.asarray(a, np.float32), params)
 
 
 def describe(cfg: P1ToolsCfg) -> str:
-    return "\n".join([f"model: {cfg.model}", f"optimizer: {cfg.optim}", f"tools: {cfg.tools}",
+    return "\n".join([f"model: {cfg.spec.model}", f"optimizer: {cfg.spec.optim}", f"tools: {cfg.tools}",
                       f"gate scales: {', '.join(map(_key, cfg.gate_scales))} (one vmapped sweep)",
-                      f"init_run: {cfg.init_run or '(fresh weights)'}", f"loop: {cfg.loop}", "",
-                      presets.count_table(cfg.model, cfg.preset or "")] + lm_runs.describe_mesh(cfg.model, cfg.mesh))
+                      f"init_run: {cfg.init_run or '(fresh weights)'}", f"loop: {cfg.spec.loop}", "",
+                      presets.count_table(cfg.spec.model, cfg.spec.preset or "")] + lm_runs.describe_mesh(cfg.spec.model, cfg.spec.mesh))
 
 
 def _score(outputs, examples, pools) -> dict:
@@ -192,7 +190,7 @@ def evaluate(cfg: P1ToolsCfg, model, params_stacked, data: tpr.ToolData, store: 
         k = min(k, len(data.index))
 
         def measure():
-            rng = np.random.default_rng([cfg.seed, k, 0 if beta is None else int(round(beta * 1000)) + 1])
+            rng = np.random.default_rng([cfg.spec.grid.seed, k, 0 if beta is None else int(round(beta * 1000)) + 1])
             if beta is None:
                 pools = [tool_pools.main_pool(data.index, e.question, e.name, k, rng) for e in asked]
             else:
@@ -248,7 +246,7 @@ def _held_out_loss(model, data: tpr.ToolData, cfg: P1ToolsCfg):
     """Teacher-forced loss on a fixed set of held-out questions with main-setting pools of k_max:
     the progress signal logged during fine-tuning (the decoding evaluation runs at the end)."""
     examples = data.test[:32]
-    rng = np.random.default_rng([cfg.seed, 10 ** 6])
+    rng = np.random.default_rng([cfg.spec.grid.seed, 10 ** 6])
     rows, weights = [], []
     texts = []
     for e in examples:
@@ -272,8 +270,8 @@ def _held_out_loss(model, data: tpr.ToolData, cfg: P1ToolsCfg):
 
 def training_plan(cfg: P1ToolsCfg) -> TrainPlan:
     """The sweep's step (the run's and `python -m ssmgate.aot`'s); its largest batch: rows of --tools_seq_len."""
-    replicas = tuple(sweep.Replica(cfg.seed, cfg.optim.lr, o) for o in cfg.gate_offsets)
-    return TrainPlan(cfg.model, cfg.optim, replicas, text_loss, cfg.mesh, force_sweep=True,
+    replicas = tuple(cfg.spec.replicas)
+    return TrainPlan(cfg.spec.model, cfg.spec.optim, replicas, text_loss, cfg.spec.mesh, force_sweep=True,
                      batch=lambda: LMBatch.shapes(cfg.tools.batch, cfg.tools.seq_len))
 
 
@@ -287,8 +285,8 @@ def run(cfg: P1ToolsCfg, run_dir: str) -> dict:
         raise ConfigError(str(e)) from None
     train, test = tpr.split(examples, t.test_percent)
     tokenizer = load_tokenizer(t.tokenizer)
-    if tokenizer.vocab_size > cfg.model.vocab_size:
-        raise ConfigError(f"--vocab_size={cfg.model.vocab_size}: the tokenizer {t.tokenizer} has "
+    if tokenizer.vocab_size > cfg.spec.model.vocab_size:
+        raise ConfigError(f"--vocab_size={cfg.spec.model.vocab_size}: the tokenizer {t.tokenizer} has "
                           f"{tokenizer.vocab_size} tokens")
     data = tpr.ToolData(tool_pools.ToolIndex([e.function for e in examples]), train, test, t.k_max, t.seq_len,
                         t.quantum, tokenizer)
@@ -301,7 +299,7 @@ def run(cfg: P1ToolsCfg, run_dir: str) -> dict:
     base = load_base_params(cfg, init_run_dir(cfg, run_dir))
     labels = [f"s={_key(s)}" for s in cfg.gate_scales]
     trained = run_experiment(
-        rd, **training_plan(cfg).engine(), loop_cfg=cfg.loop, fingerprint=cfg.fingerprint(),
+        rd, **training_plan(cfg).engine(), loop_cfg=cfg.spec.loop, fingerprint=cfg.fingerprint(),
         meta={"config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "labels": labels},
         eval_fn=lambda built: _held_out_loss(built.model, data, cfg), base_params=base,
         host_sample=lambda seed, k: tpr.sft_batch(data, t.batch, seed, k))

@@ -36,7 +36,7 @@ GROUPS_READ = ("run", "seeds", "lr", "model", "optim", "mesh", "loop", "stop", "
 
 
 def config_from_flags() -> p2.StateTrackingCfg:
-    steps, batch = tf.require("steps", "p2_state_tracking"), tf.require("batch", "p2_state_tracking")
+    batch = tf.require("batch", "p2_state_tracking")
     task = tf.require("task", "p2_state_tracking")
     if task not in st.TASKS:
         raise ConfigError(f"--task={task}: expected one of {', '.join(st.TASKS)} for --program=p2_state_tracking")
@@ -48,15 +48,11 @@ def config_from_flags() -> p2.StateTrackingCfg:
         test_lens = tuple(int(v) for v in FLAGS.test_lens)
     except ValueError as e:
         raise ConfigError(_flag_message(str(e))) from None
-    base = presets.state_tracking("m3_native", p2.LAYERS[task])
-    model = tf.model_cfg(base)
-    lrs = tf.learning_rates("p2_state_tracking")
-    cfg = p2.StateTrackingCfg(data=data, model=model, optim=tf.optim_cfg(lrs[0], steps),
-                              loop=tf.loop_cfg(steps, name=task), mesh=tf.mesh_cfg(), lrs=tuple(lrs),
-                              models=tuple(FLAGS.models), seeds=FLAGS.seeds, seed=FLAGS.seed, val_n=FLAGS.val_n,
-                              test_n=FLAGS.test_n, test_lens=test_lens, len_quantum=FLAGS.len_quantum,
-                              len_buckets=FLAGS.len_buckets, stop_thr=FLAGS.stop_thr)
-    return cfg.validate()
+    spec = tf.run_spec("p2_state_tracking", metric="accuracy", lr_sweep=True, loop_name=task,
+                       model_base=presets.state_tracking("m3_native", p2.LAYERS[task]))
+    return p2.StateTrackingCfg(data=data, spec=spec, models=tuple(FLAGS.models), val_n=FLAGS.val_n,
+                               test_n=FLAGS.test_n, test_lens=test_lens, len_quantum=FLAGS.len_quantum,
+                               len_buckets=FLAGS.len_buckets).validate()
 
 
 _FIELD_FLAGS = {"L_min": "l_min", "L_max0": "l_max0", "L_max1": "l_max1", "ramp_steps": "ramp_steps",

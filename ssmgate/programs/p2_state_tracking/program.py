@@ -21,8 +21,6 @@ the end; with --stop_thr a replica whose validation accuracy reaches it is froze
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import time
 from typing import Optional
 
@@ -35,9 +33,10 @@ from ssmgate.models.config import ModelCfg
 from ssmgate.models.lm import logits as lm_logits, sown_intermediates
 from ssmgate.tasks import state_tracking as st
 from ssmgate.tasks.synthetic_lm import lm_loss, step_key
-from ssmgate.train import loop, mesh as meshlib, optim, sweep
+from ssmgate.train import mesh as meshlib, sweep
 from ssmgate.train.experiment import make_mesh, run_experiment
 from ssmgate.train.run_dir import RunDir, say
+from ssmgate.train.run_spec import RunSpec
 
 # Table 2 rows -> the state-tracking presets' cores (ssmgate.models.presets.ST_CORES).
 MODELS = {
@@ -58,48 +57,51 @@ EVAL_CHUNK = 512                             # sequences per evaluation batch
 @dataclasses.dataclass(frozen=True)
 class StateTrackingCfg:
     data: st.StateTrackDataCfg
-    model: ModelCfg                  # the shared width/depth; each row swaps block/transition
-    optim: optim.OptimCfg
-    loop: loop.LoopCfg
-    mesh: meshlib.MeshCfg
-    lrs: tuple
+    spec: RunSpec                    # its model: the shared width/depth (each row swaps block/transition);
+                                     # its grid: learning rates x seeds; its stop rule: --stop_thr on accuracy
     models: tuple = TABLE_MODELS + ("underdamped_companion",)
-    seeds: int = 1
-    seed: int = 0
     val_n: int = 2048
     test_n: int = 8192
     test_lens: tuple = (224, 256)
     len_quantum: int = 32            # training batches padded to a multiple of this >= L_max(step) (0: max_len)
     len_buckets: bool = False        # pad each batch to its length bucket's top instead (st.length_bucket)
-    stop_thr: Optional[float] = None  # early stopping: a replica is frozen once its validation accuracy reaches it
 
     @property
     def task(self) -> str:
         return self.data.task
 
+    @property
+    def lrs(self) -> tuple:
+        return self.spec.grid.lrs or (self.spec.optim.lr,)
+
+    @property
+    def stop_thr(self) -> Optional[float]:
+        """Early stopping: a replica is frozen once its validation accuracy reaches it."""
+        return self.spec.stop.stop_thr
+
     def model_for(self, name: str) -> ModelCfg:
         core = presets.ST_CORES[MODELS[name]]
-        return dataclasses.replace(self.model, **core).validate()
+        return dataclasses.replace(self.spec.model, **core).validate()
 
     def fingerprint(self, name: str) -> str:
-        keyed = {"data": dataclasses.asdict(self.data), "model": dataclasses.asdict(self.model_for(name)),
-                 "optim": dataclasses.asdict(self.optim), "lrs": list(self.lrs), "seeds": self.seeds,
-                 "seed": self.seed, "val_n": self.val_n, "len_quantum": self.len_quantum,
-                 "len_buckets": self.len_buckets, "stop_thr": self.stop_thr}
-        return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        """Keyed as the program's first checkpoints were: the row's model, the optimizer, the grid and the data."""
+        g = self.spec.grid
+        return self.spec.fingerprint({"data": dataclasses.asdict(self.data),
+                                      "model": dataclasses.asdict(self.model_for(name)), "lrs": list(self.lrs),
+                                      "seeds": g.seeds, "seed": g.seed, "val_n": self.val_n,
+                                      "len_quantum": self.len_quantum, "len_buckets": self.len_buckets,
+                                      "stop_thr": self.stop_thr}, parts=("optim",))
 
     def validate(self) -> "StateTrackingCfg":
         unknown = [m for m in self.models if m not in MODELS]
         if unknown or not self.models:
             raise ConfigError(f"--models={','.join(self.models)}: expected some of {', '.join(MODELS)}")
-        if self.model.vocab_size < st.VOCAB[self.task]:
-            raise ConfigError(f"--vocab_size={self.model.vocab_size}: expected >= {st.VOCAB[self.task]} for {self.task}")
-        for name, value in (("val_n", self.val_n), ("test_n", self.test_n), ("seeds", self.seeds)):
+        model = self.spec.validate().model
+        if model.vocab_size < st.VOCAB[self.task]:
+            raise ConfigError(f"--vocab_size={model.vocab_size}: expected >= {st.VOCAB[self.task]} for {self.task}")
+        for name, value in (("val_n", self.val_n), ("test_n", self.test_n)):
             if value < 1:
                 raise ConfigError(f"--{name}={value}: expected >= 1")
-        if self.stop_thr is not None and not 0.0 < self.stop_thr <= 1.0:
-            raise ConfigError(f"--stop_thr={self.stop_thr}: expected a validation accuracy in (0, 1] (or unset: no "
-                              "early stopping)")
         if self.len_quantum < 0:
             raise ConfigError(f"--len_quantum={self.len_quantum}: expected >= 0 (0 = pad every batch to --l_max1)")
         if self.len_buckets and self.len_quantum < 1:
@@ -167,10 +169,10 @@ def train_model(cfg: StateTrackingCfg, name: str, run_dir: RunDir, mesh) -> dict
     t0 = time.perf_counter()
     model_cfg = cfg.model_for(name)
     val_len = eval_lengths(cfg.task, cfg.test_lens[:1])[0]
-    replicas = sweep.grid(range(cfg.seed, cfg.seed + cfg.seeds), cfg.lrs)
+    replicas = cfg.spec.replicas
     data = cfg.data
     if cfg.len_buckets:  # stage (lo, width): one bucket of lengths per step, shared by the replicas
-        stage = lambda k: st.length_bucket(data, k, cfg.len_quantum, cfg.seed)
+        stage = lambda k: st.length_bucket(data, k, cfg.len_quantum, cfg.spec.grid.seed)
         sample = lambda seed, k, s: st.sample(step_key(seed, k), data, k, s[1], lo=s[0])
     else:                # stage width: every batch padded to L_max(step)
         stage = lambda k: st.curriculum_width(data, k, cfg.len_quantum)
@@ -178,17 +180,17 @@ def train_model(cfg: StateTrackingCfg, name: str, run_dir: RunDir, mesh) -> dict
     labels = [r.label for r in replicas]
     # with a stop threshold, frozen replicas keep the parameters that reached it
     trained = run_experiment(
-        run_dir, model=model_cfg, optim=cfg.optim, replicas=replicas, loss=answer_metrics,
-        loop_cfg=dataclasses.replace(cfg.loop, name=f"{cfg.task}/{name}"), mesh_cfg=cfg.mesh, mesh=mesh,
+        run_dir, model=model_cfg, optim=cfg.spec.optim, replicas=replicas, loss=answer_metrics,
+        loop_cfg=dataclasses.replace(cfg.spec.loop, name=f"{cfg.task}/{name}"), mesh_cfg=cfg.spec.mesh, mesh=mesh,
         fingerprint=cfg.fingerprint(name), meta={"model": name, "labels": labels},
         stop=None if cfg.stop_thr is None else sweep.StopRule("accuracy", stop_thr=cfg.stop_thr),
         sample=sample, stage=stage, eval_batches=fixed_set(data, VAL_SEED, val_len, cfg.val_n), force_sweep=True)
     run, result = trained.built, trained.result
     val = np.asarray(result.last_eval["eval_accuracy"], np.float64).reshape(len(replicas))
     # Mean over seeds per learning rate, then the best learning rate; its best seed is tested.
-    per_lr = val.reshape(len(cfg.lrs), cfg.seeds).mean(axis=1)
+    per_lr = val.reshape(len(cfg.lrs), cfg.spec.grid.seeds).mean(axis=1)
     best_lr = int(np.argmax(per_lr))
-    best = best_lr * cfg.seeds + int(np.argmax(val.reshape(len(cfg.lrs), cfg.seeds)[best_lr]))
+    best = best_lr * cfg.spec.grid.seeds + int(np.argmax(val.reshape(len(cfg.lrs), cfg.spec.grid.seeds)[best_lr]))
     params = jax.tree.map(lambda a: a[best], run.params(result.state))
     out = {"chosen_lr": float(cfg.lrs[best_lr]), "val_accuracy": [float(v) for v in per_lr],
            "accuracy": {}, "scaled_accuracy": {}, "replicas": labels, "diverged": np.asarray(result.state.diverged).tolist(),
@@ -209,9 +211,9 @@ def describe(cfg: StateTrackingCfg) -> str:
     padding = (f"multiples of {cfg.len_quantum} holding L_max(step)" if cfg.len_quantum else f"{cfg.data.max_len}")
     if cfg.len_buckets:
         padding = f"the top of the step's length bucket (buckets of {cfg.len_quantum} lengths)"
-    lines = [f"task: {cfg.data}", f"training batches padded to {padding}", f"optimizer: {cfg.optim}",
-             f"loop: {cfg.loop}",
-             f"learning rates: {', '.join(f'{lr:g}' for lr in cfg.lrs)} x {cfg.seeds} seed(s)",
+    lines = [f"task: {cfg.data}", f"training batches padded to {padding}", f"optimizer: {cfg.spec.optim}",
+             f"loop: {cfg.spec.loop}",
+             f"learning rates: {', '.join(f'{lr:g}' for lr in cfg.lrs)} x {cfg.spec.grid.seeds} seed(s)",
              "early stopping: " + ("none" if cfg.stop_thr is None else
                                    f"a replica stops once its validation accuracy reaches {cfg.stop_thr:g}"),
              f"validation {cfg.val_n}, test {cfg.test_n} sequences at lengths {eval_lengths(cfg.task, cfg.test_lens)}",
@@ -227,9 +229,9 @@ def describe(cfg: StateTrackingCfg) -> str:
 def _describe_mesh(cfg: StateTrackingCfg) -> str:
     """The mesh line of --dry_run, refusing what the run would refuse: a replica axis that does not
     divide each model's sweep (learning rates x seeds)."""
-    replicas = len(cfg.lrs) * cfg.seeds
+    replicas = len(cfg.lrs) * cfg.spec.grid.seeds
     try:
-        mesh, note = meshlib.mesh_for_description(cfg.mesh)
+        mesh, note = meshlib.mesh_for_description(cfg.spec.mesh)
         slices = mesh.shape["replica"]
         meshlib.check_replicas(replicas, slices, "each model's", "learning rates x seeds")
     except ValueError as e:
@@ -249,10 +251,10 @@ def grid_resumed_from(per_model: list) -> Optional[int]:
 
 def run(cfg: StateTrackingCfg, run_dir: str) -> dict:
     rd = RunDir(run_dir)
-    mesh = make_mesh(cfg.mesh)
+    mesh = make_mesh(cfg.spec.mesh)
     t0 = time.perf_counter()
     rows = {name: train_model(cfg, name, RunDir(rd.path / name), mesh) for name in cfg.models}
-    summary = {"task": cfg.task, "models": list(cfg.models), "lrs": list(cfg.lrs), "steps": cfg.loop.steps,
+    summary = {"task": cfg.task, "models": list(cfg.models), "lrs": list(cfg.lrs), "steps": cfg.spec.loop.steps,
                "test_lens": eval_lengths(cfg.task, cfg.test_lens), "wall_s": time.perf_counter() - t0}
     for key in ("accuracy", "scaled_accuracy", "chosen_lr", "val_accuracy", "stopped_step"):
         summary[key] = {name: rows[name][key] for name in cfg.models}
