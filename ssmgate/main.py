@@ -285,7 +285,7 @@ def _run(program, cfg, rd) -> None:
     if main_process:
         rd.stage("flags.txt", flags_text)
     try:
-        program.run(cfg, str(rd.path))
+        program.run(cfg, rd)
     except BaseException as e:
         if main_process:
             rd.discard_staged("flags.txt")

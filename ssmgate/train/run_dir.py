@@ -70,6 +70,12 @@ def say(text: str) -> None:
 
 
 class RunDir:
+    @classmethod
+    def of(cls, where: "RunDir | str | os.PathLike") -> "RunDir":
+        """`where` itself when it is a RunDir (ssmgate.main passes the one it locked, with its state),
+        else a RunDir at that path."""
+        return where if isinstance(where, RunDir) else cls(where)
+
     def __init__(self, path: str | os.PathLike):
         self.path = epath.Path(path)
         self.local = is_local(self.path)

@@ -63,5 +63,5 @@ def describe(cfg: p1_fig1.ToyGateCfg) -> str:
     return str(cfg)
 
 
-def run(cfg: p1_fig1.ToyGateCfg, run_dir: str) -> dict:
+def run(cfg: p1_fig1.ToyGateCfg, run_dir) -> dict:
     return p1_fig1.run(cfg, run_dir)

@@ -484,7 +484,7 @@ def _save_params(out: RunDir, params, **columns):
 def run(cfg: ToyGateCfg, run_dir) -> dict:
     """Runs one panel into run_dir; returns (and writes) its summary."""
     validate(cfg)
-    out = RunDir(run_dir)
+    out = RunDir.of(run_dir)
     out.write_json("config.json", dataclasses.asdict(cfg))
     if cfg.panel == "a":
         summary = run_panel_a(cfg, out)

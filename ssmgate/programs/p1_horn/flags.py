@@ -76,5 +76,5 @@ def describe(cfg) -> str:
     return p1_horn.describe(cfg)
 
 
-def run(cfg, run_dir: str) -> dict:
+def run(cfg, run_dir) -> dict:
     return p1_horn.run(cfg, run_dir)

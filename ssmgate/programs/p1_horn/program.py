@@ -349,9 +349,9 @@ def training_plan(cfg: HornRunCfg) -> TrainPlan:
                      batch=lambda: jax.eval_shape(lambda: horn.sample(step_key(0, 0), task, graph, lo, hi)))
 
 
-def run(cfg: HornRunCfg, run_dir: str) -> dict:
+def run(cfg: HornRunCfg, run_dir) -> dict:
     cfg.validate()
-    rd = RunDir(run_dir)
+    rd = RunDir.of(run_dir)
     mesh = make_mesh(cfg.spec.mesh)
     t0 = time.perf_counter()
     replicas = cfg.spec.replicas

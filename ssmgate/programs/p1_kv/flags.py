@@ -54,5 +54,5 @@ def describe(cfg) -> str:
     return p1_kv.describe(cfg)
 
 
-def run(cfg, run_dir: str) -> dict:
+def run(cfg, run_dir) -> dict:
     return p1_kv.run(cfg, run_dir)

@@ -208,9 +208,9 @@ def training_plan(cfg: KVRunCfg, dictionary=None) -> TrainPlan:
                      batch=lambda: jax.eval_shape(lambda: kv.sample(step_key(0, 0), cfg.kv, dictionary, lo, hi)))
 
 
-def run(cfg: KVRunCfg, run_dir: str) -> dict:
+def run(cfg: KVRunCfg, run_dir) -> dict:
     cfg.validate()
-    rd = RunDir(run_dir)
+    rd = RunDir.of(run_dir)
     mesh = make_mesh(cfg.spec.mesh)
     t0 = time.perf_counter()
     replicas = cfg.spec.replicas

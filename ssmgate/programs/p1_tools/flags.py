@@ -55,5 +55,5 @@ def describe(cfg) -> str:
     return p1_tools.describe(cfg)
 
 
-def run(cfg, run_dir: str) -> dict:
+def run(cfg, run_dir) -> dict:
     return p1_tools.run(cfg, run_dir)

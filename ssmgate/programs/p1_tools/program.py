@@ -131,7 +131,7 @@ def _key(s: float) -> str:
     return f"{s:g}"
 
 
-def init_run_dir(cfg: P1ToolsCfg, run_dir: str) -> Optional[Path]:
+def init_run_dir(cfg: P1ToolsCfg, run_dir) -> Optional[Path]:
     if not cfg.init_run:
         return None
     path = Path(cfg.init_run)
@@ -275,8 +275,8 @@ def training_plan(cfg: P1ToolsCfg) -> TrainPlan:
                      batch=lambda: LMBatch.shapes(cfg.tools.batch, cfg.tools.seq_len))
 
 
-def run(cfg: P1ToolsCfg, run_dir: str) -> dict:
-    rd = RunDir(run_dir)
+def run(cfg: P1ToolsCfg, run_dir) -> dict:
+    rd = RunDir.of(run_dir)
     start = time.perf_counter()
     t = cfg.tools
     try:
@@ -296,7 +296,7 @@ def run(cfg: P1ToolsCfg, run_dir: str) -> dict:
         raise ConfigError(f"--tools_{e}") from None
     say(f"[p1_tools] {len(train)} training / {len(test)} held-out questions ({len({e.name for e in test})} "
         f"held-out functions), shared pool of {len(data.index)} tools")
-    base = load_base_params(cfg, init_run_dir(cfg, run_dir))
+    base = load_base_params(cfg, init_run_dir(cfg, rd.path))
     labels = [f"s={_key(s)}" for s in cfg.gate_scales]
     trained = run_experiment(
         rd, **training_plan(cfg).engine(), loop_cfg=cfg.spec.loop, fingerprint=cfg.fingerprint(),
@@ -311,7 +311,7 @@ def run(cfg: P1ToolsCfg, run_dir: str) -> dict:
     summary = {"gate_scales": [_key(s) for s in cfg.gate_scales], **evals, "n_train": len(train),
                "n_test": len(test[:t.max_test] if t.max_test else test),
                "held_out_functions": sorted({e.name for e in test}), "k_max_train": t.k_max, "steps": result.step,
-               "resumed_from": result.resumed_from, "init_run": str(init_run_dir(cfg, run_dir) or ""),
+               "resumed_from": result.resumed_from, "init_run": str(init_run_dir(cfg, rd.path) or ""),
                "train_wall_s": train_wall, "wall_s": time.perf_counter() - start, "params_digest": digest}
     if jax.process_index() == 0:
         rd.write_json("summary.json", summary)

@@ -166,5 +166,5 @@ def describe(cfg) -> str:
         text])
 
 
-def run(cfg, run_dir: str) -> dict:
+def run(cfg, run_dir) -> dict:
     return p2_lm.run(cfg, run_dir)

@@ -318,8 +318,8 @@ def _window_curve(rd: RunDir) -> dict:
     return out
 
 
-def run(cfg: P2LMCfg, run_dir: str) -> dict:
-    rd = RunDir(run_dir)
+def run(cfg: P2LMCfg, run_dir) -> dict:
+    rd = RunDir.of(run_dir)
     start = time.perf_counter()
     data = load_text(cfg.text, cfg.model.vocab_size)
     say(f"[p2_lm] data: {len(data.train):,} train / {len(data.valid):,} validation tokens, "

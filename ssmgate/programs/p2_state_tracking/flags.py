@@ -71,5 +71,5 @@ def describe(cfg) -> str:
     return p2.describe(cfg)
 
 
-def run(cfg, run_dir: str) -> dict:
+def run(cfg, run_dir) -> dict:
     return p2.run(cfg, run_dir)

@@ -249,8 +249,8 @@ def grid_resumed_from(per_model: list) -> Optional[int]:
     return min(step or 0 for step in per_model)
 
 
-def run(cfg: StateTrackingCfg, run_dir: str) -> dict:
-    rd = RunDir(run_dir)
+def run(cfg: StateTrackingCfg, run_dir) -> dict:
+    rd = RunDir.of(run_dir)
     mesh = make_mesh(cfg.spec.mesh)
     t0 = time.perf_counter()
     rows = {name: train_model(cfg, name, RunDir(rd.path / name), mesh) for name in cfg.models}

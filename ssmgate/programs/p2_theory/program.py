@@ -183,10 +183,10 @@ def gain(cfg: TheoryCfg) -> dict:
                      "max_rotated_over_unrotated": float(np.max(sim_rot / sim_none[:, None]))}}
 
 
-def run(cfg: TheoryCfg, run_dir: str) -> dict:
+def run(cfg: TheoryCfg, run_dir) -> dict:
     from ssmgate.train.run_dir import RunDir  # imports JAX: only when a run writes its folder
 
-    rd = RunDir(run_dir)
+    rd = RunDir.of(run_dir)
     start = time.perf_counter()
     summary = {"config": dataclasses.asdict(cfg), "table8": table8(cfg), "complex_kda_boundary": complex_kda_boundary(),
                "closed_form": closed_form(), "modal": modal(), "gain": gain(cfg)}

@@ -36,5 +36,5 @@ def describe(cfg) -> str:
     return train_lm.describe(cfg)
 
 
-def run(cfg, run_dir: str) -> dict:
+def run(cfg, run_dir) -> dict:
     return train_lm.run(cfg, run_dir)

@@ -88,8 +88,8 @@ def training_plan(cfg: TrainLMCfg) -> TrainPlan:
                      batch=lambda: jax.eval_shape(lambda: synthetic_lm.sample(synthetic_lm.step_key(0, 0), task)))
 
 
-def run(cfg: TrainLMCfg, run_dir: str) -> dict:
-    rd = RunDir(run_dir)
+def run(cfg: TrainLMCfg, run_dir) -> dict:
+    rd = RunDir.of(run_dir)
     labels = [r.label for r in cfg.spec.replicas]
     trained = run_experiment(
         rd, **training_plan(cfg).engine(), loop_cfg=cfg.spec.loop, batch=cfg.task.batch, fingerprint=cfg.fingerprint(),
