@@ -170,7 +170,8 @@ def one_lr(program: str, default: float | None = None) -> float:
 
 
 def gate_offsets() -> tuple[float, ...]:
-    """--gate_offset: the offsets delta in order; an item 'ln:s' is ln s (P1's gate scale s)."""
+    """--gate_offset: the offsets delta in order; an item 'ln:s' is ln s (P1's gate scale s). Whether they
+    are distinct, finite and allowed for the model is RunSpec.validate's check (sweep_results.check_offsets)."""
     items = []
     for item in (s.strip() for s in FLAGS.gate_offset.split(",")):
         if item.startswith("ln:"):
@@ -184,14 +185,9 @@ def gate_offsets() -> tuple[float, ...]:
         else:
             items.append(item)
     try:
-        offsets = parse_grid("gate_offset", ",".join(items))
+        return parse_grid("gate_offset", ",".join(items))   # checked with the model by RunSpec.validate
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if not offsets or any(not math.isfinite(v) for v in offsets):
-        raise ConfigError(f"--gate_offset={FLAGS.gate_offset}: expected finite offsets")
-    if len(set(offsets)) != len(offsets):
-        raise ConfigError(f"--gate_offset={FLAGS.gate_offset}: expected distinct offsets")
-    return offsets
 
 
 def run_spec(program: str, *, metric: str, escape_thr: float | None = None, stop_thr: float | None = None,

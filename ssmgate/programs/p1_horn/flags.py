@@ -12,27 +12,28 @@ from __future__ import annotations
 
 from absl import flags
 
-from ssmgate.cli import training_flags as tf
+from ssmgate.cli import dataclass_flags, training_flags as tf
 from ssmgate.cli.grids import parse_grid, parse_ints
 from ssmgate.config_error import ConfigError
 from ssmgate.programs.p1_horn import program as p1_horn
 from ssmgate.tasks import horn
 
-flags.DEFINE_enum("horn_regime", "retrieval", list(horn.REGIMES), "Horn task: training regime, in-context "
-                  "retrieval (Fig 3b/c: random order, one oracle, fresh names in the first q of the pool) or lengen "
-                  "(Fig 3d, Table 1: PL-ranked pools best-last, all names fresh).")
-flags.DEFINE_integer("horn_props_per_set", 128, "Horn task: propositions in each of the 3 sets.")
-flags.DEFINE_integer("horn_K", 128, "Horn task: clauses between adjacent sets (per layer).")
-flags.DEFINE_integer("horn_graph_seed", 0, "Horn task: seed of the rule graph and its static names (one per run).")
-flags.DEFINE_integer("horn_k_min", 1, "Horn task: smallest training pool size.")
-flags.DEFINE_integer("horn_k_max", None, "Horn task: largest training pool size (default: the regime's protocol value, §4.4, "
-                     "32 retrieval, 8 lengen).")
-flags.DEFINE_float("horn_q_fresh", 0.1, "Horn task: retrieval pools rename their first ceil(q k) clauses.")
-flags.DEFINE_float("horn_beta", float("inf"), "Horn task: PL inverse temperature of the lengen pools (inf allowed).")
-flags.DEFINE_enum("horn_turns", "both", list(horn.TURNS), "Horn task: which turn the training rows ask "
-                  "(both: even rows turn 1, odd rows turn 2).")
-flags.DEFINE_integer("horn_buckets", 4, "Horn task: training length buckets over k_min..k_max (one compiled step "
-                     "each).")
+# The task's flags are HornCfg's fields (--horn_<field>; its defaults, the paper's task, are the flags' defaults).
+dataclass_flags.define(horn.HornCfg, prefix="horn_", skip=("batch", "n_sets"), names=p1_horn.TASK_FLAGS,
+                       choices={"regime": horn.REGIMES, "turns": horn.TURNS}, module_name=__name__, helps={
+    "regime": "Horn task: training regime, in-context retrieval (Fig 3b/c: random order, one oracle, fresh names in "
+              "the first q of the pool) or lengen (Fig 3d, Table 1: PL-ranked pools best-last, all names fresh).",
+    "props_per_set": "Horn task: propositions in each of the 3 sets.",
+    "K": "Horn task: clauses between adjacent sets (per layer).",
+    "graph_seed": "Horn task: seed of the rule graph and its static names (one per run).",
+    "k_min": "Horn task: smallest training pool size.",
+    "k_max": "Horn task: largest training pool size (None: the regime's protocol value, §4.4, 32 retrieval, "
+             "8 lengen).",
+    "q_fresh": "Horn task: retrieval pools rename their first ceil(q k) clauses.",
+    "beta": "Horn task: PL inverse temperature of the lengen pools (inf allowed).",
+    "turns": "Horn task: which turn the training rows ask (both: even rows turn 1, odd rows turn 2).",
+    "n_buckets": "Horn task: training length buckets over k_min..k_max (one compiled step each).",
+})
 flags.DEFINE_integer("horn_probe_k", None, "Retrieval regime: pool size of the no-oracle and random-oracle-name "
                      "probes (default min(32, --horn_k_max)).")
 flags.DEFINE_integer("horn_probe_n", None, "Retrieval regime: examples per probe set (default --eval_n).")
@@ -53,10 +54,8 @@ GROUPS_READ = ("run", "seeds", "lr", "gate_offset", "model", "optim", "mesh", "l
 def config_from_flags() -> p1_horn.HornRunCfg:
     batch = tf.require("batch", PROGRAM)
     spec = tf.run_spec(PROGRAM, metric=p1_horn.METRIC)
-    task = horn.HornCfg(regime=FLAGS.horn_regime, props_per_set=FLAGS.horn_props_per_set, K=FLAGS.horn_K,
-                        graph_seed=FLAGS.horn_graph_seed, k_min=FLAGS.horn_k_min, k_max=FLAGS.horn_k_max,
-                        q_fresh=FLAGS.horn_q_fresh, beta=FLAGS.horn_beta, turns=FLAGS.horn_turns, batch=batch,
-                        n_buckets=FLAGS.horn_buckets)
+    task = dataclass_flags.build(horn.HornCfg, horn.HornCfg(batch=batch), prefix="horn_", skip=("batch", "n_sets"),
+                                 names=p1_horn.TASK_FLAGS)
     try:
         lengen_ks = parse_ints("horn_lengen_ks", FLAGS.horn_lengen_ks)
     except ValueError as e:
@@ -65,8 +64,8 @@ def config_from_flags() -> p1_horn.HornRunCfg:
         weak_betas = parse_grid("horn_weak_betas", FLAGS.horn_weak_betas)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if not lengen_ks and FLAGS.horn_regime == "lengen":
-        lengen_ks = tuple(k for k in horn.LENGEN_KS if k <= FLAGS.horn_K)
+    if not lengen_ks and task.regime == "lengen":
+        lengen_ks = tuple(k for k in horn.LENGEN_KS if k <= task.K)
     return p1_horn.HornRunCfg(
         horn=task, spec=spec, probe_n=FLAGS.horn_probe_n, probe_k=FLAGS.horn_probe_k, lengen_ks=lengen_ks,
         weak_betas=weak_betas, early_frac=FLAGS.horn_early_frac, gate_prompts=FLAGS.horn_gate_prompts).validate()

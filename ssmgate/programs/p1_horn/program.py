@@ -68,6 +68,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ssmgate.cli import dataclass_flags
 from ssmgate.config_error import ConfigError
 from ssmgate.models import gates, presets
 from ssmgate.models.config import ModelCfg
@@ -186,18 +187,12 @@ class HornRunCfg:
         return self
 
 
-_HORN_FLAGS = {"regime": "horn_regime", "props_per_set": "horn_props_per_set", "K": "horn_K",
-               "graph_seed": "horn_graph_seed", "k_min": "horn_k_min", "k_max": "horn_k_max",
-               "q_fresh": "horn_q_fresh", "beta": "horn_beta", "turns": "horn_turns", "batch": "batch",
-               "n_buckets": "horn_buckets"}
+TASK_FLAGS = {"n_buckets": "horn_buckets", "batch": "batch"}   # HornCfg's fields whose flag is not --horn_<field>
 
 
 def horn_flag_message(message: str) -> str:
     """'k_max=64: expected ...' -> '--horn_k_max=64: expected ...' (HornCfg's field as its flag)."""
-    for field, flag in _HORN_FLAGS.items():
-        if message.startswith(f"{field}="):
-            return f"--{flag}=" + message[len(field) + 1:]
-    return message
+    return dataclass_flags.flag_message(message, horn.HornCfg, "horn_", TASK_FLAGS, unmatched="keep")
 
 
 def task_dict(task: horn.HornCfg) -> dict:

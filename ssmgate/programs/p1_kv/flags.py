@@ -10,21 +10,25 @@ from __future__ import annotations
 
 from absl import flags
 
-from ssmgate.cli import training_flags as tf
+from ssmgate.cli import dataclass_flags, training_flags as tf
 from ssmgate.cli.grids import parse_ints
 from ssmgate.config_error import ConfigError
 from ssmgate.programs.p1_kv import program as p1_kv
 from ssmgate.tasks import kv_retrieval as kv
 
-flags.DEFINE_enum("kv_query", "best_first", list(kv.QUERIES), "KV task: which keys are queried, the first "
-                  "ceil(q n) of the context (best_first, Fig 2a/b) or the last (best_last, Fig 2c).")
-flags.DEFINE_integer("kv_n_max", 512, "KV task: N, training draws n ~ U{1..N} pairs; evaluation uses n = N.")
-flags.DEFINE_integer("kv_m", 8, "KV task: tokens per key and per value.")
-flags.DEFINE_integer("kv_vocab", 64, "KV task: content tokens (the model vocabulary adds 5 specials).")
-flags.DEFINE_integer("kv_dict_size", 10000, "KV task: (key, value) pairs of the static dictionary.")
-flags.DEFINE_integer("kv_dict_seed", 0, "KV task: seed of the static dictionary (one per run).")
-flags.DEFINE_float("kv_eps", 0.1, "KV task: per-token perturbation probability of in-context values.")
-flags.DEFINE_float("kv_q", 0.1, "KV task: query ratio, n_q = max(1, ceil(q n)).")
+# The task's flags are KVCfg's fields (--kv_<field>; its defaults, the paper's task, are the flags' defaults).
+dataclass_flags.define(kv.KVCfg, prefix="kv_", skip=("batch",), names=p1_kv.TASK_FLAGS, choices={"query": kv.QUERIES},
+                       module_name=__name__, helps={
+    "n_content": "KV task: content tokens (the model vocabulary adds 5 specials).",
+    "m": "KV task: tokens per key and per value.",
+    "dict_size": "KV task: (key, value) pairs of the static dictionary.",
+    "n_max": "KV task: N, training draws n ~ U{1..N} pairs; evaluation uses n = N.",
+    "eps": "KV task: per-token perturbation probability of in-context values.",
+    "q": "KV task: query ratio, n_q = max(1, ceil(q n)).",
+    "query": "KV task: which keys are queried, the first ceil(q n) of the context (best_first, Fig 2a/b) or the "
+             "last (best_last, Fig 2c).",
+    "dict_seed": "KV task: seed of the static dictionary (one per run).",
+})
 flags.DEFINE_integer("kv_buckets", 8, "KV task: training length buckets over 1..N (one compiled step each).")
 flags.DEFINE_string("lengen_ns", "", "best_last: pair counts n of the length-generalisation sets evaluated "
                     "after training (e.g. '512,768,1024'); empty = none.")
@@ -45,8 +49,8 @@ def _ints(name: str) -> tuple[int, ...]:
 def config_from_flags() -> p1_kv.KVRunCfg:
     batch = tf.require("batch", PROGRAM)
     spec = tf.run_spec(PROGRAM, metric=p1_kv.METRIC, escape_thr=ESCAPE_THR, stop_thr=STOP_THR)
-    task = kv.KVCfg(n_content=FLAGS.kv_vocab, m=FLAGS.kv_m, dict_size=FLAGS.kv_dict_size, n_max=FLAGS.kv_n_max,
-                    eps=FLAGS.kv_eps, q=FLAGS.kv_q, query=FLAGS.kv_query, batch=batch, dict_seed=FLAGS.kv_dict_seed)
+    task = dataclass_flags.build(kv.KVCfg, kv.KVCfg(batch=batch), prefix="kv_", skip=("batch",),
+                                 names=p1_kv.TASK_FLAGS)
     return p1_kv.KVRunCfg(kv=task, spec=spec, n_buckets=FLAGS.kv_buckets, lengen_ns=_ints("lengen_ns")).validate()
 
 

@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ssmgate.cli import dataclass_flags
 from ssmgate.config_error import ConfigError
 from ssmgate.models import presets
 from ssmgate.tasks import kv_retrieval as kv
@@ -109,16 +110,12 @@ class KVRunCfg:
         return self
 
 
-_KV_FLAGS = {"n_content": "kv_vocab", "m": "kv_m", "dict_size": "kv_dict_size", "n_max": "kv_n_max",
-             "eps": "kv_eps", "q": "kv_q", "query": "kv_query", "batch": "batch", "dict_seed": "kv_dict_seed"}
+TASK_FLAGS = {"n_content": "kv_vocab", "batch": "batch"}   # KVCfg's fields whose flag is not --kv_<field>
 
 
 def kv_flag_message(message: str) -> str:
     """'n_max=0: expected ...' -> '--kv_n_max=0: expected ...' (KVCfg's field as its flag)."""
-    for field, flag in _KV_FLAGS.items():
-        if message.startswith(f"{field}="):
-            return f"--{flag}=" + message[len(field) + 1:]
-    return message
+    return dataclass_flags.flag_message(message, kv.KVCfg, "kv_", TASK_FLAGS, unmatched="keep")
 
 
 # --- data --------------------------------------------------------------------------------------------------
