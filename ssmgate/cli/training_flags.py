@@ -17,6 +17,7 @@ exactly those, and a flag the chosen program does not read is an error.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 
@@ -59,25 +60,33 @@ _in("optim", flags.DEFINE_integer, "schedule_steps", 0, "Steps of the learning-r
 GROUPS["mesh"] = dataclass_flags.define(meshlib.MeshCfg, prefix="mesh_")
 _in("task", flags.DEFINE_string, "task", None, "The program's task (train: copy | recall; p2_state_tracking: "
     "parity | mod3 | arith).")
-_in("loop", flags.DEFINE_integer, "log_every", 50, "Steps between progress lines and metrics.jsonl records.")
-_in("loop", flags.DEFINE_integer, "eval_every", 0, "Steps between evaluations (0: only at the end).")
-_in("loop", flags.DEFINE_integer, "ckpt_every", 0, "Steps between checkpoints (0: only at the end).")
-_in("loop", flags.DEFINE_integer, "keep_ckpts", 3, "Checkpoints kept.")
-_in("loop", flags.DEFINE_boolean, "tensorboard", True, "Write TensorBoard event files when tensorboardX is "
-    "installed.")
-_in("loop", flags.DEFINE_boolean, "ckpt_async", False, "Save checkpoints in the background (training goes on while "
-    "they are written; a kill loses at most the one being written).")
+# The loop, stop and evaluation-size flags are fields of LoopCfg, StopRule and RunSpec, with their defaults.
+LOOP_SKIP = ("steps", "name", "profile_steps")
+GROUPS["loop"] = dataclass_flags.define(loop.LoopCfg, skip=LOOP_SKIP, helps={
+    "log_every": "Steps between progress lines and metrics.jsonl records.",
+    "eval_every": "Steps between evaluations (0: only at the end).",
+    "ckpt_every": "Steps between checkpoints (0: only at the end).",
+    "keep_ckpts": "Checkpoints kept.",
+    "tensorboard": "Write TensorBoard event files when tensorboardX is installed.",
+    "ckpt_async": "Save checkpoints in the background (training goes on while they are written; a kill loses at "
+                  "most the one being written).",
+    "wandb_project": "Also log metrics to this Weights & Biases project (needs `pip install wandb`).",
+})
 _in("loop", flags.DEFINE_string, "profile_steps", "", "FIRST:LAST: write a jax.profiler trace of these steps "
     "(1-based) into RUN_DIR/profile (open it with TensorBoard's profile plugin or Perfetto).")
-_in("loop", flags.DEFINE_string, "wandb_project", "", "Also log metrics to this Weights & Biases project (needs "
-    "`pip install wandb`).")
-_in("stop", flags.DEFINE_float, "escape_thr", None, "Sweep: a replica escapes at the first evaluation with the "
-    "stop metric above this.")
-_in("stop", flags.DEFINE_float, "stop_thr", None, "Sweep: a replica stops (is frozen) once the stop metric reaches "
-    "this.")
-_in("eval_sets", flags.DEFINE_integer, "eval_n", 1024, "Examples of the fixed evaluation set (own seed).")
-_in("eval_sets", flags.DEFINE_integer, "lengen_eval_n", None, "Examples per length-generalisation set (default "
-    "--eval_n).")
+STOP_SKIP = ("metric",)
+GROUPS["stop"] = dataclass_flags.define(sweep.StopRule, skip=STOP_SKIP, helps={
+    "escape_thr": "Sweep: a replica escapes at the first evaluation with the stop metric above this (the "
+                  "program's default, None: no escape).",
+    "stop_thr": "Sweep: a replica stops (is frozen) once the stop metric reaches this (the program's default, "
+                "None: no early stop).",
+})
+EVAL_FIELDS = ("eval_n", "lengen_eval_n")
+GROUPS["eval_sets"] = dataclass_flags.define(
+    RunSpec, skip=tuple(f.name for f in dataclasses.fields(RunSpec) if f.name not in EVAL_FIELDS), helps={
+        "eval_n": "Examples of the fixed evaluation set (own seed).",
+        "lengen_eval_n": "Examples per length-generalisation set (None: --eval_n).",
+    })
 _in("seq_len", flags.DEFINE_integer, "seq_len", 64, "Model input length (tokens per sequence).")
 _in("tokenizer", flags.DEFINE_string, "tokenizer", "byte", "'byte', or a HF tokenizer.json / SentencePiece .model "
     "file.")
@@ -137,13 +146,8 @@ def loop_cfg(steps: int, name: str = "train") -> loop.LoopCfg:
     if FLAGS.wandb_project and importlib.util.find_spec("wandb") is None:  # checked before the run directory exists
         raise ConfigError(f"--wandb_project={FLAGS.wandb_project} needs the wandb package (pip install wandb); "
                           f"expected it installed, or no --wandb_project")
-    try:
-        return loop.LoopCfg(steps=steps, log_every=FLAGS.log_every, eval_every=FLAGS.eval_every,
-                            ckpt_every=FLAGS.ckpt_every, keep_ckpts=FLAGS.keep_ckpts, tensorboard=FLAGS.tensorboard,
-                            name=name, ckpt_async=FLAGS.ckpt_async, profile_steps=profile_steps(),
-                            wandb_project=FLAGS.wandb_project).validate()
-    except ValueError as e:
-        raise ConfigError(f"--{e}") from None
+    return dataclass_flags.build(loop.LoopCfg, loop.LoopCfg(steps=steps, name=name, profile_steps=profile_steps()),
+                                 skip=LOOP_SKIP)
 
 
 def learning_rates(program: str) -> list[float]:
@@ -199,11 +203,12 @@ def run_spec(program: str, *, metric: str, escape_thr: float | None = None, stop
     the flags modify (default the --preset's); `loop_name`: the progress lines' name (default the program)."""
     steps = require("steps", program)
     lrs = learning_rates(program) if lr_sweep else [one_lr(program)]
-    escape = escape_thr if FLAGS.escape_thr is None else FLAGS.escape_thr
-    stop = stop_thr if FLAGS.stop_thr is None else FLAGS.stop_thr
-    return RunSpec(model=model_cfg(model_base), optim=optim_cfg(lrs[0], steps),
+    stop = dataclasses.replace(sweep.StopRule(metric, escape_thr, stop_thr),
+                               **dataclass_flags.overrides(sweep.StopRule, skip=STOP_SKIP))
+    spec = RunSpec(model=model_cfg(model_base), optim=optim_cfg(lrs[0], steps),
                    loop=loop_cfg(steps, name=loop_name or program),
                    mesh=mesh_cfg(), grid=Grid(FLAGS.seed, FLAGS.seeds, tuple(gate_offsets()),
                                               tuple(lrs) if len(lrs) > 1 else ()),
-                   stop=sweep.StopRule(metric, escape, stop), eval_n=FLAGS.eval_n,
-                   lengen_eval_n=FLAGS.lengen_eval_n, preset=preset())
+                   stop=stop, preset=preset())
+    return dataclasses.replace(spec, **dataclass_flags.overrides(RunSpec, skip=tuple(
+        f.name for f in dataclasses.fields(RunSpec) if f.name not in EVAL_FIELDS)))
