@@ -47,7 +47,7 @@ class Grid:
 class RunSpec:
     model: ModelCfg
     optim: OptimCfg
-    loop: looplib.LoopCfg
+    loop: Optional[looplib.LoopCfg]       # None: the run trains nothing (p2_lm evaluating an official checkpoint)
     mesh: meshlib.MeshCfg
     grid: Grid = Grid()
     stop: sweep.StopRule = sweep.StopRule()

@@ -21,6 +21,7 @@ from ssmgate.programs.p2_lm.long_eval import CELLS_FILE, LongEvalCfg
 from ssmgate.tasks import text_corpus, text_packing
 from ssmgate.train import loop, mesh as meshlib, optim
 from ssmgate.train.checkpoint import CheckpointError
+from ssmgate.train.run_spec import RunSpec
 from tests.main_runs import dry_run_flag_files, run_many
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,10 +34,11 @@ FULL_EVAL = dict(interventions=("phase_removal", "decay_permutation"), bc_window
 def make_cfg(model=TINY, steps=4, variant="rotation", **long_eval):
     text = p2_lm.TextCfg(seq_len=32, batch=4, eval_batch=64, max_train_tokens=20_000, max_valid_tokens=3_000,
                          max_eval_books=3)
-    return p2_lm.P2LMCfg(model=model, optim=optim.OptimCfg(name="adamw", lr=3e-3, total_steps=steps), text=text,
-                         long_eval=LongEvalCfg(windows=(64, 128), score_last=16, piece_len=64, batch=4, **long_eval),
-                         loop=loop.LoopCfg(steps, log_every=2, eval_every=2, tensorboard=False),
-                         mesh=meshlib.MeshCfg(), variant=variant).validate()
+    spec = RunSpec(model=model, optim=optim.OptimCfg(name="adamw", lr=3e-3, total_steps=steps),
+                   loop=loop.LoopCfg(steps, log_every=2, eval_every=2, tensorboard=False), mesh=meshlib.MeshCfg())
+    return p2_lm.P2LMCfg(text=text, spec=spec, variant=variant,
+                         long_eval=LongEvalCfg(windows=(64, 128), score_last=16, piece_len=64, batch=4,
+                                               **long_eval)).validate()
 
 
 @pytest.fixture(scope="module")
@@ -93,12 +95,12 @@ def test_a_run_trains_on_text_and_measures_every_part(trained):
 
 def test_the_validation_ppl_pools_every_validation_token(trained):
     cfg, run_dir, s = trained
-    data = p2_lm.load_text(cfg.text, cfg.model.vocab_size)
+    data = p2_lm.load_text(cfg.text, cfg.spec.model.vocab_size)
     from ssmgate.models.lm import build_model
     from ssmgate.train.checkpoint import Checkpointer
     with Checkpointer(run_dir / "checkpoints") as c:
         _, state, _ = c.restore_raw()
-    model = build_model(cfg.model)
+    model = build_model(cfg.spec.model)
     rows = text_packing.eval_rows(data.valid, cfg.text.seq_len)
     logits, _ = model.apply({"params": state["params"]}, np.asarray(rows.inputs))
     logp = np.asarray(jax.nn.log_softmax(logits, axis=-1), np.float64)
@@ -245,12 +247,13 @@ def test_host_batches_are_the_packers_batches_on_the_mesh():
 ])
 def test_bad_configurations_name_what_is_wrong(change, message):
     cfg = make_cfg()
-    parts = {}
+    parts, spec_parts = {}, {}
     for field, value in change.items():
-        old = getattr(cfg, field)
-        parts[field] = value if value is None else dataclasses.replace(old, **value)
+        into, owner = (spec_parts, cfg.spec) if field in ("model", "loop") else (parts, cfg)
+        old = getattr(owner, field)
+        into[field] = value if value is None else dataclasses.replace(old, **value)
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        dataclasses.replace(cfg, **parts).validate()
+        dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, **spec_parts), **parts).validate()
 
 
 def test_corpus_specs():

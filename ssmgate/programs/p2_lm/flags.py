@@ -17,6 +17,7 @@ from ssmgate.programs.p2_lm import program as p2_lm
 from ssmgate.programs.p2_lm.long_eval import PHASE_KINDS, LongEvalCfg
 from ssmgate.programs.p2_lm.official_gate import NativePPLGate
 from ssmgate.tasks import text_corpus
+from ssmgate.train.run_spec import Grid, RunSpec
 
 _T, _E = p2_lm.TextCfg(), LongEvalCfg()
 flags.DEFINE_string("corpus", _T.corpus, f"Training and validation text: {text_corpus.CORPUS_FORMS}.")
@@ -98,9 +99,9 @@ def config_from_flags() -> p2_lm.P2LMCfg:
                             pseudo_books=FLAGS.pseudo_books, curve_windows=_ints("window_curve_windows"),
                             curve_every=FLAGS.window_curve_every)
     model, gate = (_official(official, long_eval) if official else (tf.model_cfg(), None))
-    cfg = p2_lm.P2LMCfg(model=model, optim=tf.optim_cfg(lr, steps or 1), text=text, long_eval=long_eval,
-                        loop=None if official else tf.loop_cfg(steps, name="p2_lm"), mesh=tf.mesh_cfg(),
-                        seed=FLAGS.seed, variant=FLAGS.variant, preset=tf.preset(), init_official=official,
+    spec = RunSpec(model=model, optim=tf.optim_cfg(lr, steps or 1), mesh=tf.mesh_cfg(), grid=Grid(seed=FLAGS.seed),
+                   loop=None if official else tf.loop_cfg(steps, name="p2_lm"), preset=tf.preset())
+    cfg = p2_lm.P2LMCfg(text=text, long_eval=long_eval, spec=spec, variant=FLAGS.variant, init_official=official,
                         official_gate=gate)
     cfg = cfg.validate()
     if not official and not _dry_run():  # a dry run describes flag files whose corpus is not here
@@ -159,7 +160,7 @@ def describe(cfg) -> str:
         f"official checkpoint: {cfg.init_official} (" + ("model from its config.json" if found else
                                                         "not here: the model below is the model flags'; a run "
                                                         "reads it from the checkpoint's config.json") + ")",
-        f"decay activation: {cfg.model.a_activation}",
+        f"decay activation: {cfg.spec.model.a_activation}",
         "native-PPL gate: " + ("none yet: a run needs --official_ppl" if cfg.official_gate is None else
                                f"published {cfg.official_gate.published} at window {cfg.official_gate.window}, "
                                f"±{100 * cfg.official_gate.tolerance:g}%, before any intervention"),

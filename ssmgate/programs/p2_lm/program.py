@@ -29,7 +29,6 @@ from metrics.jsonl; {} without --window_curve_windows), "params_digest", "data" 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import tempfile
@@ -53,12 +52,13 @@ from ssmgate.tasks import text_corpus, text_packing
 from ssmgate.tasks.synthetic_lm import LMBatch
 from ssmgate.tasks.tokenizers import load_tokenizer
 from ssmgate.train import lm_runs
-from ssmgate.train import loop, mesh as meshlib, optim, sweep
+from ssmgate.train import mesh as meshlib
 from ssmgate.train.compile_forward import ForwardPlan
 from ssmgate.train.compile_step import TrainPlan
 from ssmgate.train.experiment import run_experiment
 from ssmgate.train.lm_runs import text_loss
 from ssmgate.train.run_dir import RunDir, say
+from ssmgate.train.run_spec import RunSpec
 from ssmgate.train.throughput import Throughput
 from ssmgate.train.writers import plot_curves
 
@@ -97,49 +97,43 @@ class TextCfg:
 
 @dataclasses.dataclass(frozen=True)
 class P2LMCfg:
-    model: ModelCfg
-    optim: optim.OptimCfg
     text: TextCfg
     long_eval: LongEvalCfg
-    loop: Optional[loop.LoopCfg]         # None: evaluate --init_official's weights, no training
-    mesh: meshlib.MeshCfg
-    seed: int = 0
+    spec: RunSpec                        # model, optimizer, loop (None: evaluate --init_official's weights, no
+                                         # training), mesh; its grid: the one seed
     variant: str = ""                   # the report's name for this model (e.g. "rotation")
-    preset: Optional[str] = None
     init_official: Optional[str] = None  # safetensors of an official Mamba-3 checkpoint: evaluated, not trained
     official_gate: Optional[object] = None  # official_gate.NativePPLGate, checked before anything is measured
 
     def fingerprint(self) -> str:
-        """What a checkpoint must match to be resumed: model, optimizer, data and seed."""
-        keyed = {"model": dataclasses.asdict(self.model), "optim": dataclasses.asdict(self.optim),
-                 "text": {k: v for k, v in dataclasses.asdict(self.text).items()
-                          if k not in ("eval_corpus", "eval_split", "eval_batch", "max_eval_books", "cache_dir")},
-                 "seed": self.seed}
-        return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        """What a checkpoint must match to be resumed: model, optimizer, data and seed (keyed as the program's
+        first checkpoints were)."""
+        text = {k: v for k, v in dataclasses.asdict(self.text).items()
+                if k not in ("eval_corpus", "eval_split", "eval_batch", "max_eval_books", "cache_dir")}
+        return self.spec.fingerprint({"text": text, "seed": self.spec.grid.seed}, parts=("model", "optim"))
 
     def validate(self) -> "P2LMCfg":
+        model = self.spec.validate().model
         try:
             self.text.validate()
             self.long_eval.validate()
-            meshlib.check_batch(self.text.batch, self.mesh.data, self.mesh.microbatches)  # -1 (all devices): checked by train()
+            meshlib.check_batch(self.text.batch, self.spec.mesh.data, self.spec.mesh.microbatches)  # -1: by train()
         except ValueError as e:
             raise ConfigError(f"--{e}") from None
         # A tokenizer file is opened (and its vocabulary checked) when the run loads its data.
         tokenizer = load_tokenizer(self.text.tokenizer) if self.text.tokenizer == "byte" else None
-        if tokenizer is not None and tokenizer.vocab_size > self.model.vocab_size:
-            raise ConfigError(f"--vocab_size={self.model.vocab_size}: the tokenizer {tokenizer.name!r} has "
+        if tokenizer is not None and tokenizer.vocab_size > model.vocab_size:
+            raise ConfigError(f"--vocab_size={model.vocab_size}: the tokenizer {tokenizer.name!r} has "
                               f"{tokenizer.vocab_size} tokens; expected --vocab_size >= {tokenizer.vocab_size}")
-        if (self.init_official is None) == (self.loop is None):
+        if (self.init_official is None) == (self.spec.loop is None):
             raise ConfigError("--init_official evaluates a converted checkpoint without training, and --steps "
                               "trains: expected exactly one of them")
-        if self.seed < 0:
-            raise ConfigError(f"--seed={self.seed}: expected >= 0")
         curve = self.long_eval
-        if curve.curve_windows and self.loop is None:
+        if curve.curve_windows and self.spec.loop is None:
             raise ConfigError("--window_curve_windows measures the windowed PPL along training; an --init_official "
                               "run does not train: expected no --window_curve_windows")
-        if curve.curve_windows and curve.curve_every and self.loop is not None:
-            every = self.loop.eval_every
+        if curve.curve_windows and curve.curve_every and self.spec.loop is not None:
+            every = self.spec.loop.eval_every
             if not every or curve.curve_every % every:
                 raise ConfigError(f"--window_curve_every={curve.curve_every}: the curve is measured at evaluations; "
                                   f"expected a multiple of --eval_every={every} (> 0), or 0 for every evaluation")
@@ -207,12 +201,12 @@ def load_text(cfg: TextCfg, vocab_size: int) -> TextData:
 
 
 def describe(cfg: P2LMCfg) -> str:
-    lines = [f"model: {cfg.model}", f"optimizer: {cfg.optim}", f"text: {cfg.text}", f"long_eval: {cfg.long_eval}",
-             f"loop: {cfg.loop}", "", presets.count_table(cfg.model, cfg.preset or "")]
-    if cfg.preset in presets.PAPER_SIZES:
-        paper, total = presets.PAPER_SIZES[cfg.preset], presets.param_count(cfg.model)
+    lines = [f"model: {cfg.spec.model}", f"optimizer: {cfg.spec.optim}", f"text: {cfg.text}", f"long_eval: {cfg.long_eval}",
+             f"loop: {cfg.spec.loop}", "", presets.count_table(cfg.spec.model, cfg.spec.preset or "")]
+    if cfg.spec.preset in presets.PAPER_SIZES:
+        paper, total = presets.PAPER_SIZES[cfg.spec.preset], presets.param_count(cfg.spec.model)
         lines.append(f"  the paper states {paper / 1e6:,.0f} M: this model is {100 * (total / paper - 1):+.1f}%")
-    return "\n".join(lines + lm_runs.describe_mesh(cfg.model, cfg.mesh, cfg.text.batch))
+    return "\n".join(lines + lm_runs.describe_mesh(cfg.spec.model, cfg.spec.mesh, cfg.text.batch))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,10 +228,10 @@ class _Curve:
 
 
 def _curve(cfg: P2LMCfg, data: TextData) -> Optional[_Curve]:
-    if not cfg.long_eval.curve_windows or cfg.loop is None:
+    if not cfg.long_eval.curve_windows or cfg.spec.loop is None:
         return None
     ecfg = cfg.long_eval.validate()
-    return _Curve(cfg.model, ecfg, le.window_books(data.books, ecfg, data.eos_id), cfg.loop.steps)
+    return _Curve(cfg.spec.model, ecfg, le.window_books(data.books, ecfg, data.eos_id), cfg.spec.loop.steps)
 
 
 def _validation_fn(model, data: TextData, cfg: TextCfg, curve: Optional[_Curve] = None):
@@ -262,10 +256,10 @@ def _validation_fn(model, data: TextData, cfg: TextCfg, curve: Optional[_Curve] 
 
 def training_plan(cfg: P2LMCfg) -> TrainPlan:
     """The run's step (the run's and `python -m ssmgate.aot`'s): --batch rows of --seq_len tokens."""
-    if cfg.loop is None:
+    if cfg.spec.loop is None:
         raise ConfigError(f"--init_official={cfg.init_official}: this run evaluates a converted checkpoint and has no "
                           "training step to compile")
-    return TrainPlan(cfg.model, cfg.optim, (sweep.Replica(seed=cfg.seed, lr=cfg.optim.lr),), text_loss, cfg.mesh,
+    return TrainPlan(cfg.spec.model, cfg.spec.optim, tuple(cfg.spec.replicas), text_loss, cfg.spec.mesh,
                      batch=lambda: LMBatch.shapes(cfg.text.batch, cfg.text.seq_len))
 
 
@@ -280,7 +274,7 @@ def forward_plan(cfg: P2LMCfg) -> Optional[ForwardPlan]:
         raise ConfigError(f"--init_official={cfg.init_official}: no {cv.config_path(cfg.init_official)} here; the "
                           "forward pass has the checkpoint's shape: expected upstream's config.json beside its weights")
     ecfg = cfg.long_eval
-    return ForwardPlan(cfg.model, le.forward_models(cfg.model, ecfg), rows=ecfg.batch, piece_len=ecfg.piece_len,
+    return ForwardPlan(cfg.spec.model, le.forward_models(cfg.spec.model, ecfg), rows=ecfg.batch, piece_len=ecfg.piece_len,
                        cache_len=max(ecfg.windows))
 
 
@@ -288,11 +282,11 @@ def train(cfg: P2LMCfg, rd: RunDir, data: TextData):
     """The training loop: (params, loop result)."""
     text = cfg.text
     trained = run_experiment(
-        rd, **training_plan(cfg).engine(), loop_cfg=cfg.loop, batch=text.batch, fingerprint=cfg.fingerprint(),
+        rd, **training_plan(cfg).engine(), loop_cfg=cfg.spec.loop, batch=text.batch, fingerprint=cfg.fingerprint(),
         meta={"config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str))},
         eval_fn=lambda built: _validation_fn(built.model, data, text, _curve(cfg, data)),
-        throughput=Throughput.for_lm(cfg.model, text.batch, text.seq_len),
-        global_batch=lambda sharding: data_loader.global_batch_fn(data.train, text.seq_len, text.batch, cfg.seed,
+        throughput=Throughput.for_lm(cfg.spec.model, text.batch, text.seq_len),
+        global_batch=lambda sharding: data_loader.global_batch_fn(data.train, text.seq_len, text.batch, cfg.spec.grid.seed,
                                                                   sharding))
     return trained.result.state.params, trained.result
 
@@ -321,7 +315,7 @@ def _window_curve(rd: RunDir) -> dict:
 def run(cfg: P2LMCfg, run_dir) -> dict:
     rd = RunDir.of(run_dir)
     start = time.perf_counter()
-    data = load_text(cfg.text, cfg.model.vocab_size)
+    data = load_text(cfg.text, cfg.spec.model.vocab_size)
     say(f"[p2_lm] data: {len(data.train):,} train / {len(data.valid):,} validation tokens, "
         f"{len(data.books)} eval books ({sum(map(len, data.books)):,} tokens), tokenizer {data.tokenizer_name}")
     try:  # before training: the windowed evaluation must have its books
@@ -331,13 +325,13 @@ def run(cfg: P2LMCfg, run_dir) -> dict:
     if windows["layout"] == "pseudo_books":
         say(f"[p2_lm] windows on {windows['pseudo_books']} pseudo-books of {windows['pseudo_book_tokens']:,} tokens, "
             f"every window size ending where the {windows['anchor']}-token windows end")
-    if cfg.loop is None:
+    if cfg.spec.loop is None:
         from ssmgate.interventions.convert_mamba3 import load_official
-        params = jax.tree.map(jnp.asarray, load_official(cfg.init_official, cfg.model))
+        params = jax.tree.map(jnp.asarray, load_official(cfg.init_official, cfg.spec.model))
         if cfg.official_gate is not None:  # stops the run unless the converted model is the published one
-            cfg.official_gate.check(cfg.model, params, data.books, cfg.long_eval, rd, lm_runs.params_digest(params),
+            cfg.official_gate.check(cfg.spec.model, params, data.books, cfg.long_eval, rd, lm_runs.params_digest(params),
                                       eos_id=data.eos_id)
-        evals = _validation_fn(build_model(cfg.model), data, cfg.text)(_Params(params))
+        evals = _validation_fn(build_model(cfg.spec.model), data, cfg.text)(_Params(params))
         trained = {"steps": 0, "resumed_from": None, "tokens_per_s": None, "init_official": cfg.init_official}
     else:
         params, result = train(cfg, rd, data)
@@ -347,8 +341,8 @@ def run(cfg: P2LMCfg, run_dir) -> dict:
                    "tokens_per_s": steps_run * cfg.text.batch * cfg.text.seq_len / max(result.wall_s, 1e-9)}
     train_wall = time.perf_counter() - start
     digest = lm_runs.params_digest(params)
-    long_eval = evaluate(cfg.model, params, data.books, cfg.long_eval, rd, digest, eos_id=data.eos_id)
-    summary = {"variant": cfg.variant, "params": presets.param_count(cfg.model), **trained,
+    long_eval = evaluate(cfg.spec.model, params, data.books, cfg.long_eval, rd, digest, eos_id=data.eos_id)
+    summary = {"variant": cfg.variant, "params": presets.param_count(cfg.spec.model), **trained,
                "train_wall_s": train_wall, "wall_s": time.perf_counter() - start,
                "ppl": evals.get("ppl"), "val_accuracy": evals.get("accuracy"),
                "val_curve": _val_curve(rd), "window_ppl_along_training": _window_curve(rd),
