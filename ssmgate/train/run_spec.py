@@ -1,5 +1,5 @@
-"""The spec of a sweep run, shared by the programs that train replicas: what every such run has
-besides its task, validated once and fingerprinted once.
+"""The spec of a training run, one model or a vmapped sweep of replicas: what every program that trains
+a model of the zoo has besides its task, validated once and fingerprinted once.
 
     RunSpec(model, optim, loop, mesh, grid, stop, eval_n, lengen_eval_n, preset)
 
@@ -26,7 +26,6 @@ from ssmgate.models.config import ModelCfg
 from ssmgate.train import loop as looplib, mesh as meshlib, sweep
 from ssmgate.train.optim import OptimCfg
 from ssmgate.train.sweep_results import check_offsets
-
 
 SWEEP_PARTS = ("model", "optim", "replicas", "stop")
 
