@@ -8,22 +8,22 @@ from ssmgate.models.config import ModelCfg
 from ssmgate.train import loop, mesh, optim, sweep
 from ssmgate.train.run_spec import Grid, RunSpec
 
-SPEC = RunSpec(model=ModelCfg(block="mamba2", vocab_size=16, d_model=16, n_layers=1, d_state=8, headdim=8),
+BASE_SPEC = RunSpec(model=ModelCfg(block="mamba2", vocab_size=16, d_model=16, n_layers=1, d_state=8, headdim=8),
                optim=optim.OptimCfg(lr=1e-2, total_steps=10), loop=loop.LoopCfg(steps=10), mesh=mesh.MeshCfg(),
                grid=Grid(seed=3, seeds=2, offsets=(-2.0, 1.0)), stop=sweep.StopRule("accuracy", 0.5, 0.9), eval_n=8)
 
 
 def with_(**changes):
     grid = changes.pop("grid", {})
-    return dataclasses.replace(SPEC, grid=dataclasses.replace(SPEC.grid, **grid), **changes)
+    return dataclasses.replace(BASE_SPEC, grid=dataclasses.replace(BASE_SPEC.grid, **grid), **changes)
 
 
 def test_replicas_are_seeds_by_learning_rates_by_offsets():
-    assert [(r.offset, r.lr, r.seed) for r in SPEC.replicas] == [(-2, 1e-2, 3), (-2, 1e-2, 4), (1, 1e-2, 3),
+    assert [(r.offset, r.lr, r.seed) for r in BASE_SPEC.replicas] == [(-2, 1e-2, 3), (-2, 1e-2, 4), (1, 1e-2, 3),
                                                                  (1, 1e-2, 4)]
     sweep_lr = with_(grid={"lrs": (1e-2, 3e-2), "seeds": 1})
     assert [(r.offset, r.lr) for r in sweep_lr.validate().replicas] == [(-2, 1e-2), (-2, 3e-2), (1, 1e-2), (1, 3e-2)]
-    assert SPEC.lengen_examples == 8 and with_(lengen_eval_n=4).lengen_examples == 4
+    assert BASE_SPEC.lengen_examples == 8 and with_(lengen_eval_n=4).lengen_examples == 4
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -50,13 +50,13 @@ def test_thresholds_of_a_metric_that_is_no_accuracy_are_not_ranged():
 def test_a_model_without_mamba2_gates_takes_no_offset():
     llama = ModelCfg(block="llama", vocab_size=16, d_model=16, n_layers=1, n_heads=2, mlp="swiglu")
     with pytest.raises(ConfigError, match="--block=llama has none"):
-        dataclasses.replace(SPEC, model=llama).validate()
+        dataclasses.replace(BASE_SPEC, model=llama).validate()
 
 
 def test_the_fingerprint_covers_spec_and_task_but_not_the_cadence_or_mesh():
-    base = SPEC.fingerprint({"task": 1})
+    base = BASE_SPEC.fingerprint({"task": 1})
     assert base == with_(loop=loop.LoopCfg(steps=10, log_every=7), mesh=mesh.MeshCfg(data=2)).fingerprint({"task": 1})
-    assert base != SPEC.fingerprint({"task": 2})
+    assert base != BASE_SPEC.fingerprint({"task": 2})
     for changed in (with_(grid={"seeds": 1}), with_(optim=optim.OptimCfg(lr=2e-2, total_steps=10)),
                     with_(stop=sweep.StopRule("accuracy", 0.6, 0.9))):
         assert changed.fingerprint({"task": 1}) != base
