@@ -25,7 +25,7 @@ from ssmgate.config_error import ConfigError
 from ssmgate.models.config import ModelCfg
 from ssmgate.train import loop as looplib, mesh as meshlib, sweep
 from ssmgate.train.optim import OptimCfg
-from ssmgate.train.sweep_results import check_offsets
+from ssmgate.train.sweep_results import check_offsets, offset_key
 
 SWEEP_PARTS = ("model", "optim", "replicas", "stop")
 
@@ -61,6 +61,13 @@ class RunSpec:
     @property
     def lengen_examples(self) -> int:
         return self.lengen_eval_n or self.eval_n
+
+    def replicas_line(self) -> str:
+        """The --dry_run line of a sweep at one learning rate: its replicas, offsets, seeds and lr."""
+        g = self.grid
+        return (f"replicas ({len(self.replicas)}, one vmapped sweep): offsets "
+                f"{', '.join(offset_key(o) for o in g.offsets)} x seeds {g.seed}..{g.seed + g.seeds - 1} "
+                f"at lr {self.optim.lr:g}")
 
     def fingerprint(self, task: dict, parts: tuple = SWEEP_PARTS) -> str:
         """What a checkpoint must match to be resumed: the spec's `parts` (default: the model, the optimizer,

@@ -339,7 +339,8 @@ def training_plan(cfg: HornRunCfg) -> TrainPlan:
     task = cfg.horn
     graph = horn.build_graph(task)
     lo, hi = cfg.bounds[-1]
-    return TrainPlan(cfg.spec.model, cfg.spec.optim, cfg.spec.replicas, horn_loss(graph, hr.RULES[task.regime]), cfg.spec.mesh,
+    spec = cfg.spec
+    return TrainPlan(spec.model, spec.optim, spec.replicas, horn_loss(graph, hr.RULES[task.regime]), spec.mesh,
                      force_sweep=True,
                      batch=lambda: jax.eval_shape(lambda: horn.sample(step_key(0, 0), task, graph, lo, hi)))
 
@@ -349,7 +350,7 @@ def run(cfg: HornRunCfg, run_dir) -> dict:
     rd = RunDir.of(run_dir)
     mesh = make_mesh(cfg.spec.mesh)
     t0 = time.perf_counter()
-    replicas = cfg.spec.replicas
+    replicas, grid_offsets = cfg.spec.replicas, cfg.spec.grid.offsets
     labels = [r.label for r in replicas]
     task, bounds, base_seed = cfg.horn, cfg.bounds, cfg.spec.grid.seed
     graph = horn.build_graph(task)
@@ -393,7 +394,7 @@ def run(cfg: HornRunCfg, run_dir) -> dict:
         "program": "p1_horn", "regime": task.regime, "horn": task_dict(task), "block": cfg.spec.model.block,
         "preset": cfg.spec.preset, "params": presets.param_count(cfg.spec.model), "lr": cfg.spec.optim.lr,
         "replicas": labels, "replica_offset": offsets, "replica_seed": [r.seed for r in replicas],
-        "offsets": list(cfg.spec.grid.offsets), "seeds": seeds, "steps": result.step, "resumed_from": result.resumed_from,
+        "offsets": list(grid_offsets), "seeds": seeds, "steps": result.step, "resumed_from": result.resumed_from,
         "escape_thr": cfg.spec.stop.escape_thr, "stop_thr": cfg.spec.stop.stop_thr,
         "escape_step": [None if v < 0 else int(v) for v in np.asarray(state.escape_step)],
         "stopped_step": [None if v < 0 else int(v) for v in np.asarray(state.stopped_step)],
@@ -414,7 +415,7 @@ def run(cfg: HornRunCfg, run_dir) -> dict:
     if steps:
         for when, i in (("early", i_early), ("final", len(steps) - 1)):
             for n in names:
-                summary[when][n], summary[f"{when}_per_seed"][n] = by_offset(curve[n][i], replicas, cfg.spec.grid.offsets)
+                summary[when][n], summary[f"{when}_per_seed"][n] = by_offset(curve[n][i], replicas, grid_offsets)
     for message in sweep.report_divergence(state, labels):
         say(f"[p1_horn] {message}")
 
@@ -485,13 +486,15 @@ def weak_retrieval(cfg: HornRunCfg, graph, evaluate, params, replicas) -> dict:
         recall[key] = {str(k): float(jnp.mean(data.oracle_pos >= 0)) for k, data in sets.items()}
         say(f"[p1_horn] weak retriever beta {key}: recall@k " + ", ".join(f"{k} {r:.3f}" for k, r in recall[key].items()))
         accuracy[key] = sweep_results.length_generalisation(
-            cfg.lengen_ks, sets.__getitem__, lambda p, d: evaluate(p, d, "class1"), params, replicas, cfg.spec.grid.offsets,
+            cfg.lengen_ks, sets.__getitem__, lambda p, d: evaluate(p, d, "class1"), params, replicas,
+            cfg.spec.grid.offsets,
             "accuracy", f"p1_horn weak beta {key}", keep=("accuracy",))["lengen_accuracy"]
     return {"weak_betas": [f"{b:g}" for b in cfg.weak_betas], "weak_accuracy": accuracy, "weak_recall": recall}
 
 
 def describe(cfg: HornRunCfg) -> str:
     """The --dry_run report: task, graph, lengths, model size, optimizer, replicas, evaluation sets, mesh."""
+    spec, stop = cfg.spec, cfg.spec.stop
     t = cfg.horn
     graph = horn.build_graph(t)
     mean_len = float(np.mean([horn.seq_len(k) for k in range(t.k_min, t.k_upper + 1)]))
@@ -501,12 +504,10 @@ def describe(cfg: HornRunCfg) -> str:
              f"  sequence length at k = k_max = {t.k_upper}: {horn.seq_len(t.k_upper)} tokens (mean over "
              f"U{{{t.k_min}..{t.k_upper}}}: {mean_len:.0f}); {len(cfg.bounds)} length buckets {cfg.bounds[:4]}"
              f"{' ...' if len(cfg.bounds) > 4 else ''}",
-             f"model: {cfg.spec.model}", f"optimizer: {cfg.spec.optim}", f"loop: {cfg.spec.loop}",
-             f"replicas ({len(cfg.spec.replicas)}, one vmapped sweep): offsets {', '.join(offset_key(o) for o in cfg.spec.grid.offsets)}"
-             f" x seeds {cfg.spec.grid.seed}..{cfg.spec.grid.seed + cfg.spec.grid.seeds - 1} at lr {cfg.spec.optim.lr:g}",
-             f"escape: {'off' if cfg.spec.stop.escape_thr is None else f'first eval with {METRIC} > {cfg.spec.stop.escape_thr}'}; "
-             f"early stop: {'off' if cfg.spec.stop.stop_thr is None else f'{METRIC} >= {cfg.spec.stop.stop_thr}'}; "
-             f"'early' = first eval at or after step {cfg.early_frac * cfg.spec.loop.steps:g}"]
+             f"model: {spec.model}", f"optimizer: {spec.optim}", f"loop: {spec.loop}", spec.replicas_line(),
+             f"escape: {'off' if stop.escape_thr is None else f'first eval with {METRIC} > {stop.escape_thr}'}; "
+             f"early stop: {'off' if stop.stop_thr is None else f'{METRIC} >= {stop.stop_thr}'}; "
+             f"'early' = first eval at or after step {cfg.early_frac * spec.loop.steps:g}"]
     for name, (kind, lo, hi, n) in cfg.eval_sets.items():
         chunks, chunk = eval_chunk(cfg, hi, n)
         ks = f"k = {hi}" if lo == hi else f"k ~ U{{{lo}..{hi}}}"

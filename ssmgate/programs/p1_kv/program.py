@@ -243,7 +243,8 @@ def run(cfg: KVRunCfg, run_dir) -> dict:
         "program": "p1_kv", "query": task.query, "kv": dataclasses.asdict(task), "block": cfg.spec.model.block,
         "preset": cfg.spec.preset, "params": presets.param_count(cfg.spec.model), "lr": cfg.spec.optim.lr,
         "replicas": labels, "replica_offset": offsets, "replica_seed": [r.seed for r in replicas],
-        "offsets": list(cfg.spec.grid.offsets), "seeds": seeds, "steps": result.step, "resumed_from": result.resumed_from,
+        "offsets": list(cfg.spec.grid.offsets), "seeds": seeds, "steps": result.step,
+        "resumed_from": result.resumed_from,
         "escape_thr": cfg.spec.stop.escape_thr, "stop_thr": cfg.spec.stop.stop_thr,
         "escape_step": escape,
         "stopped_step": [None if v < 0 else int(v) for v in np.asarray(state.stopped_step)],
@@ -299,8 +300,7 @@ def describe(cfg: KVRunCfg) -> str:
              f"  memoriser accuracy (1 - eps)^m = {(1 - t.eps) ** t.m:.4f}",
              f"model: {cfg.spec.model}", f"optimizer: {cfg.spec.optim}", f"loop: {cfg.spec.loop}",
              f"escape: first eval with {METRIC} > {cfg.spec.stop.escape_thr}; stop at >= {cfg.spec.stop.stop_thr}",
-             f"replicas ({len(cfg.spec.replicas)}, one vmapped sweep): offsets {', '.join(offset_key(o) for o in cfg.spec.grid.offsets)}"
-             f" x seeds {cfg.spec.grid.seed}..{cfg.spec.grid.seed + cfg.spec.grid.seeds - 1} at lr {cfg.spec.optim.lr:g}"]
+             cfg.spec.replicas_line()]
     chunks, chunk = eval_chunk(cfg, N, cfg.spec.eval_n)
     lines.append(f"eval: {chunks * chunk} examples at n = {N} ({chunks} chunk(s) of {chunk})")
     for n in cfg.lengen_ns:

@@ -156,7 +156,8 @@ def load_base_params(cfg: P1ToolsCfg, where: Optional[Path]):
     want = jax.tree.map(lambda a: tuple(a.shape), expected)
     if got != want:
         raise ConfigError(f"--init_run={cfg.init_run}: the checkpoint's parameters (step {step}) do not fit the "
-                          f"model flags ({cfg.spec.model.block}, d_model {cfg.spec.model.d_model}, {cfg.spec.model.n_layers} layers);"
+                          f"model flags ({cfg.spec.model.block}, d_model {cfg.spec.model.d_model}, "
+                          f"{cfg.spec.model.n_layers} layers);"
                           " pass the pretraining run's model flags")
     say(f"[p1_tools] starting from step {step} of {where}")
     return jax.tree.map(lambda a: np.asarray(a, np.float32), params)
@@ -166,7 +167,8 @@ def describe(cfg: P1ToolsCfg) -> str:
     return "\n".join([f"model: {cfg.spec.model}", f"optimizer: {cfg.spec.optim}", f"tools: {cfg.tools}",
                       f"gate scales: {', '.join(map(_key, cfg.gate_scales))} (one vmapped sweep)",
                       f"init_run: {cfg.init_run or '(fresh weights)'}", f"loop: {cfg.spec.loop}", "",
-                      presets.count_table(cfg.spec.model, cfg.spec.preset or "")] + lm_runs.describe_mesh(cfg.spec.model, cfg.spec.mesh))
+                      presets.count_table(cfg.spec.model, cfg.spec.preset or "")]
+                     + lm_runs.describe_mesh(cfg.spec.model, cfg.spec.mesh))
 
 
 def _score(outputs, examples, pools) -> dict:

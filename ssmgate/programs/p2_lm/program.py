@@ -201,7 +201,8 @@ def load_text(cfg: TextCfg, vocab_size: int) -> TextData:
 
 
 def describe(cfg: P2LMCfg) -> str:
-    lines = [f"model: {cfg.spec.model}", f"optimizer: {cfg.spec.optim}", f"text: {cfg.text}", f"long_eval: {cfg.long_eval}",
+    lines = [f"model: {cfg.spec.model}", f"optimizer: {cfg.spec.optim}", f"text: {cfg.text}",
+             f"long_eval: {cfg.long_eval}",
              f"loop: {cfg.spec.loop}", "", presets.count_table(cfg.spec.model, cfg.spec.preset or "")]
     if cfg.spec.preset in presets.PAPER_SIZES:
         paper, total = presets.PAPER_SIZES[cfg.spec.preset], presets.param_count(cfg.spec.model)

@@ -55,7 +55,8 @@ class TrainLMCfg:
         if self.eval_batches < 1:
             raise ConfigError(f"--eval_batches={self.eval_batches}: expected >= 1")
         try:
-            meshlib.check_batch(self.task.batch, self.spec.mesh.data, self.spec.mesh.microbatches)  # -1 (all devices): checked by run()
+            # -1 (all devices): checked by run()
+            meshlib.check_batch(self.task.batch, self.spec.mesh.data, self.spec.mesh.microbatches)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         return self
@@ -84,7 +85,8 @@ def describe(cfg: TrainLMCfg) -> str:
 def training_plan(cfg: TrainLMCfg) -> TrainPlan:
     """The run's step (the run's and `python -m ssmgate.aot`'s)."""
     task = cfg.task
-    return TrainPlan(cfg.spec.model, cfg.spec.optim, cfg.spec.replicas, synthetic_lm.lm_loss, cfg.spec.mesh, force_sweep=cfg.force_sweep,
+    return TrainPlan(cfg.spec.model, cfg.spec.optim, cfg.spec.replicas, synthetic_lm.lm_loss, cfg.spec.mesh,
+                     force_sweep=cfg.force_sweep,
                      batch=lambda: jax.eval_shape(lambda: synthetic_lm.sample(synthetic_lm.step_key(0, 0), task)))
 
 
