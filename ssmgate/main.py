@@ -237,8 +237,8 @@ def _checkpoints_note(rd) -> str:
 
 
 def _optim(cfg):
-    """The optimizer config of a program's config (its run spec's, where it composes one); None: it trains nothing."""
-    return getattr(getattr(cfg, "spec", cfg), "optim", None)
+    """The optimizer config of a program that trains (its run spec's); None: it trains nothing."""
+    return getattr(getattr(cfg, "spec", None), "optim", None)
 
 
 def _extension(program, cfg, rd):

@@ -81,12 +81,11 @@ GROUPS["stop"] = dataclass_flags.define(sweep.StopRule, skip=STOP_SKIP, helps={
     "stop_thr": "Sweep: a replica stops (is frozen) once the stop metric reaches this (the program's default, "
                 "None: no early stop).",
 })
-EVAL_FIELDS = ("eval_n", "lengen_eval_n")
-GROUPS["eval_sets"] = dataclass_flags.define(
-    RunSpec, skip=tuple(f.name for f in dataclasses.fields(RunSpec) if f.name not in EVAL_FIELDS), helps={
-        "eval_n": "Examples of the fixed evaluation set (own seed).",
-        "lengen_eval_n": "Examples per length-generalisation set (None: --eval_n).",
-    })
+EVAL_SKIP = tuple(f.name for f in dataclasses.fields(RunSpec) if f.name not in ("eval_n", "lengen_eval_n"))
+GROUPS["eval_sets"] = dataclass_flags.define(RunSpec, skip=EVAL_SKIP, helps={
+    "eval_n": "Examples of the fixed evaluation set (own seed).",
+    "lengen_eval_n": "Examples per length-generalisation set (None: --eval_n).",
+})
 _in("seq_len", flags.DEFINE_integer, "seq_len", 64, "Model input length (tokens per sequence).")
 _in("tokenizer", flags.DEFINE_string, "tokenizer", "byte", "'byte', or a HF tokenizer.json / SentencePiece .model "
     "file.")
@@ -210,5 +209,4 @@ def run_spec(program: str, *, metric: str, escape_thr: float | None = None, stop
                    mesh=mesh_cfg(), grid=Grid(FLAGS.seed, FLAGS.seeds, tuple(gate_offsets()),
                                               tuple(lrs) if len(lrs) > 1 else ()),
                    stop=stop, preset=preset())
-    return dataclasses.replace(spec, **dataclass_flags.overrides(RunSpec, skip=tuple(
-        f.name for f in dataclasses.fields(RunSpec) if f.name not in EVAL_FIELDS)))
+    return dataclasses.replace(spec, **dataclass_flags.overrides(RunSpec, skip=EVAL_SKIP))

@@ -38,8 +38,8 @@ class Grid:
     offsets: tuple = (0.0,)
     lrs: tuple = ()        # a learning-rate sweep; empty: the one learning rate of the optimizer
 
-    def replicas(self, lr: float) -> list:
-        return sweep.grid(range(self.seed, self.seed + self.seeds), self.lrs or (lr,), self.offsets)
+    def replicas(self, lrs: tuple) -> list:
+        return sweep.grid(range(self.seed, self.seed + self.seeds), lrs, self.offsets)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +55,13 @@ class RunSpec:
     preset: Optional[str] = None
 
     @property
+    def lrs(self) -> tuple:
+        """The learning rates of the replicas: the swept grid, else the optimizer's one."""
+        return self.grid.lrs or (self.optim.lr,)
+
+    @property
     def replicas(self) -> list:
-        return self.grid.replicas(self.optim.lr)
+        return self.grid.replicas(self.lrs)
 
     @property
     def lengen_examples(self) -> int:

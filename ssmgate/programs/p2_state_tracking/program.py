@@ -72,7 +72,7 @@ class StateTrackingCfg:
 
     @property
     def lrs(self) -> tuple:
-        return self.spec.grid.lrs or (self.spec.optim.lr,)
+        return self.spec.lrs
 
     @property
     def stop_thr(self) -> Optional[float]:
