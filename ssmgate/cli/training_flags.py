@@ -50,9 +50,7 @@ _in("gate_offset", flags.DEFINE_string, "gate_offset", "0", "Gate offset delta (
     "P1's gate scale s (delta = ln s).")
 _in("model", flags.DEFINE_string, "preset", None, "A named model of ssmgate.models.presets; model flags override "
     "its fields; empty: none (how a scale's flag file drops the preset of the paper file it includes).")
-# ModelCfg.a_log_offset stays a field for code; on the command line the gate offset is --gate_offset.
-MODEL_SKIP = ("a_log_offset",)
-GROUPS["model"] += dataclass_flags.define(ModelCfg, skip=MODEL_SKIP)
+GROUPS["model"] += dataclass_flags.define(ModelCfg)
 GROUPS["optim"] = dataclass_flags.define(optim.OptimCfg, prefix="opt_", skip=("lr", "total_steps"))
 _in("optim", flags.DEFINE_integer, "schedule_steps", 0, "Steps of the learning-rate schedule (warmup, then cosine "
     "to its floor, flat after); 0: --steps. Rerunning a run with more --steps sets it to the steps the run trained "
@@ -112,7 +110,7 @@ def model_cfg(base: ModelCfg | None = None) -> ModelCfg:
             if preset() not in presets.PRESETS:
                 raise ConfigError(f"--preset={FLAGS.preset}: expected one of {', '.join(sorted(presets.PRESETS))}")
             base = presets.PRESETS[preset()]
-    return dataclass_flags.build(ModelCfg, base, skip=MODEL_SKIP)
+    return dataclass_flags.build(ModelCfg, base)
 
 
 def optim_cfg(lr: float, steps: int) -> optim.OptimCfg:

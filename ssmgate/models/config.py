@@ -46,11 +46,10 @@ class ModelCfg:
     chunk_size: Optional[int] = None
     conv_width: int = 4               # mamba2 only: causal depthwise conv
     # Mamba-2 gate initialisation (protocol §1.2): A = -exp(A_log), A_log = log U(a_init_lo, a_init_hi)
-    # per head, then A_log += a_log_offset (P1's offset delta). head_a_ranges, when given, is one
-    # (lo, hi) per head and replaces (a_init_lo, a_init_hi).
+    # per head; head_a_ranges, when given, is one (lo, hi) per head and replaces (a_init_lo, a_init_hi).
+    # P1's gate offset delta is not a model field: a run's replicas hold it (train/run_spec.py Grid).
     a_init_lo: float = 1.0
     a_init_hi: float = 16.0
-    a_log_offset: float = 0.0
     head_a_ranges: Optional[tuple] = None
     dt_min: float = 1e-3
     dt_max: float = 1e-1

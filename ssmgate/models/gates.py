@@ -27,8 +27,8 @@ DT_BIAS_NAME = "dt_bias"
 
 
 def a_log_init(cfg, key):
-    """(h,) float32: log U(lo, hi) per head + cfg.a_log_offset; (lo, hi) = (a_init_lo, a_init_hi),
-    or cfg.head_a_ranges[i] for head i when given."""
+    """(h,) float32: log U(lo, hi) per head; (lo, hi) = (a_init_lo, a_init_hi), or cfg.head_a_ranges[i]
+    for head i when given. A gate offset delta is added after initialisation (offset_gates)."""
     h = cfg.n_ssm_heads
     if cfg.head_a_ranges is None:
         lo = jnp.full((h,), cfg.a_init_lo, jnp.float32)
@@ -37,7 +37,7 @@ def a_log_init(cfg, key):
         ranges = np.asarray(cfg.head_a_ranges, np.float32).reshape(h, 2)
         lo, hi = jnp.asarray(ranges[:, 0]), jnp.asarray(ranges[:, 1])
     a = lo + (hi - lo) * jax.random.uniform(key, (h,), jnp.float32)
-    return jnp.log(a) + jnp.float32(cfg.a_log_offset)
+    return jnp.log(a)
 
 
 def softplus_inverse(y):

@@ -9,7 +9,7 @@
 Parameters (paths relative to the mixer; H heads, P headdim, N d_state, G groups):
   in_proj/kernel   (d_model, 2 d_inner + 2 G N + H)   PyTorch Linear default init, no bias
   conv/kernel      (conv_width, d_inner + 2 G N)       conv/bias (d_inner + 2 G N,)
-  A_log            (H,)   log U(a_init_lo, a_init_hi) + a_log_offset   (gates.a_log_init)
+  A_log            (H,)   log U(a_init_lo, a_init_hi)   (gates.a_log_init; + delta: gates.offset_gates)
   dt_bias          (H,)   softplus^{-1}(log-uniform [dt_min, dt_max], floor dt_floor)
   D                (H,)   ones
   norm/scale       (d_inner,)

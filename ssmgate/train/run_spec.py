@@ -28,6 +28,15 @@ from ssmgate.train.optim import OptimCfg
 from ssmgate.train.sweep_results import check_offsets, offset_key
 
 SWEEP_PARTS = ("model", "optim", "replicas", "stop")
+# Fields a config dropped, with the value every run had: the key keeps them so that checkpoints written
+# before still resume. ModelCfg.a_log_offset (always 0 from the flags) left when the gate offset became
+# the replicas' alone.
+RETIRED_MODEL_FIELDS = {"a_log_offset": 0.0}
+
+
+def model_key(model: ModelCfg) -> dict:
+    """The model's part of a fingerprint: its fields and the retired ones."""
+    return {**dataclasses.asdict(model), **RETIRED_MODEL_FIELDS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +88,7 @@ class RunSpec:
         the replicas and the stop rule) and the task's part `task`; never the mesh, the loop's cadence or the
         sets evaluated after training. A program whose checkpoints were first keyed otherwise names the parts
         it keys and passes the rest in `task`, so that its existing runs still resume."""
-        spec = {"model": lambda: dataclasses.asdict(self.model), "optim": lambda: dataclasses.asdict(self.optim),
+        spec = {"model": lambda: model_key(self.model), "optim": lambda: dataclasses.asdict(self.optim),
                 "replicas": lambda: [dataclasses.asdict(r) for r in self.replicas],
                 "stop": lambda: dataclasses.asdict(self.stop)}
         keyed = {**{p: spec[p]() for p in parts}, **task}

@@ -33,8 +33,8 @@ def two_layer_params(seed=0, **kw):
 
 @pytest.mark.parametrize("offset", [0.0, -10.0, 1.5])
 def test_a_log_init_range_and_offset(offset):
-    cfg = many_heads(a_log_offset=offset)
-    raw = gates.a_log_init(cfg, jax.random.key(0))
+    cfg = many_heads()
+    raw = gates.offset_gates({"A_log": gates.a_log_init(cfg, jax.random.key(0))}, offset)["A_log"]
     assert raw.shape == (cfg.n_ssm_heads,) and raw.dtype == jnp.float32
     a_log = np.asarray(raw, np.float64)
     lo, hi = math.log(1.0) + offset, math.log(16.0) + offset
@@ -44,9 +44,8 @@ def test_a_log_init_range_and_offset(offset):
 
 
 def test_a_log_init_per_head_ranges():
-    cfg = ModelCfg(block="mamba2", **SMALL, head_a_ranges=((1, 1), (2, 2), (4, 8), (100, 100)),
-                   a_log_offset=0.5).validate()
-    a_log = np.asarray(gates.a_log_init(cfg, jax.random.key(3)))
+    cfg = ModelCfg(block="mamba2", **SMALL, head_a_ranges=((1, 1), (2, 2), (4, 8), (100, 100))).validate()
+    a_log = np.asarray(gates.offset_gates({"A_log": gates.a_log_init(cfg, jax.random.key(3))}, 0.5)["A_log"])
     np.testing.assert_allclose(a_log[[0, 1, 3]], np.log([1, 2, 100]) + 0.5, rtol=1e-6)
     assert math.log(4) + 0.5 <= a_log[2] <= math.log(8) + 0.5
 

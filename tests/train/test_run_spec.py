@@ -60,3 +60,9 @@ def test_the_fingerprint_covers_spec_and_task_but_not_the_cadence_or_mesh():
     for changed in (with_(grid={"seeds": 1}), with_(optim=optim.OptimCfg(lr=2e-2, total_steps=10)),
                     with_(stop=sweep.StopRule("accuracy", 0.6, 0.9))):
         assert changed.fingerprint({"task": 1}) != base
+
+
+def test_runs_keyed_before_a_field_retired_still_resume():
+    # The key a checkpoint of this spec carried when ModelCfg still had a_log_offset (ssmgate at b4f9330).
+    assert BASE_SPEC.fingerprint({"task": 1}) == "5b0b2cc97d087330"
+    assert not hasattr(BASE_SPEC.model, "a_log_offset")

@@ -139,7 +139,7 @@ def _official(path: str, long_eval: LongEvalCfg):
         raise ConfigError("--init_official needs --official_ppl: the published native PPL at window "
                           f"{window} (--official_ppl_window), which the converted checkpoint must reproduce "
                           "before any intervention is measured")
-    given = dataclass_flags.overrides(ModelCfg, skip=tf.MODEL_SKIP)
+    given = dataclass_flags.overrides(ModelCfg)
     if cv.read_config(path) is None:
         if _dry_run():
             return tf.model_cfg(), gate

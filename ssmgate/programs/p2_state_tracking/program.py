@@ -36,7 +36,7 @@ from ssmgate.tasks.synthetic_lm import lm_loss, step_key
 from ssmgate.train import mesh as meshlib, sweep
 from ssmgate.train.experiment import make_mesh, run_experiment
 from ssmgate.train.run_dir import RunDir, say
-from ssmgate.train.run_spec import RunSpec
+from ssmgate.train.run_spec import RunSpec, model_key
 
 # Table 2 rows -> the state-tracking presets' cores (ssmgate.models.presets.ST_CORES).
 MODELS = {
@@ -87,7 +87,7 @@ class StateTrackingCfg:
         """Keyed as the program's first checkpoints were: the row's model, the optimizer, the grid and the data."""
         g = self.spec.grid
         return self.spec.fingerprint({"data": dataclasses.asdict(self.data),
-                                      "model": dataclasses.asdict(self.model_for(name)), "lrs": list(self.lrs),
+                                      "model": model_key(self.model_for(name)), "lrs": list(self.lrs),
                                       "seeds": g.seeds, "seed": g.seed, "val_n": self.val_n,
                                       "len_quantum": self.len_quantum, "len_buckets": self.len_buckets,
                                       "stop_thr": self.stop_thr}, parts=("optim",))
