@@ -3,13 +3,17 @@
 Each field `f` becomes `--<prefix>f` (or the name `names` gives it) with default None ("not given"),
 so a preset or a base config supplies the value unless the flag is set: the dataclass is the one home
 of the defaults. Types come from the annotations: int, float, bool, str (an enum where `choices` lists
-its values), Optional[...] of those, and tuples of (lo, hi) pairs written `lo:hi,lo:hi`. A ValueError
+its values), Optional[...] of those, tuple[int | float | str, ...] (a comma-separated list) and a bare
+tuple of (lo, hi) pairs written `lo:hi,lo:hi`. A field with its own syntax (a grid, 'uniform', a range)
+names a parser `parse(flag, text) -> value` in `parsers`; its flag is a string and a ValueError of the
+parser is the error (prefixed with '--flag=text: ' unless it names the flag itself). A ValueError
 'field=value: ...' of the config's validate() is reported as '--<flag>=value: ...'.
 """
 from __future__ import annotations
 
 import dataclasses
 import re
+import types
 import typing
 
 from absl import flags
@@ -18,13 +22,20 @@ from ssmgate.config_error import ConfigError
 
 FLAGS = flags.FLAGS
 _DEFINE = {int: flags.DEFINE_integer, float: flags.DEFINE_float, bool: flags.DEFINE_boolean, str: flags.DEFINE_string}
+_ITEMS = {int: "integers", float: "numbers", str: "names"}
 
 
-def _base_type(hint):
-    if typing.get_origin(hint) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+def _kind(hint) -> tuple:
+    """(kind, item): kind a scalar type of _DEFINE, "list" (tuple[item, ...]) or "pairs" (a bare tuple)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         hint = args[0] if len(args) == 1 else str
-    return hint if hint in _DEFINE else tuple
+    if hint in _DEFINE:
+        return hint, None
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis and args[0] in _ITEMS:
+        return "list", args[0]
+    return "pairs", None
 
 
 def flag_name(field: str, prefix: str = "", names: dict | None = None) -> str:
@@ -32,30 +43,41 @@ def flag_name(field: str, prefix: str = "", names: dict | None = None) -> str:
 
 
 def define(cls, *, prefix: str = "", skip=(), helps: dict | None = None, names: dict | None = None,
-           choices: dict | None = None, module_name: str | None = None) -> list[str]:
+           choices: dict | None = None, parsers: dict | None = None, module_name: str | None = None) -> list[str]:
     """Defines one flag per field of `cls` (except `skip`); returns the flag names. `helps`: field ->
     help text (its default is appended); `names`: field -> flag name other than prefix + field;
-    `choices`: field -> the values an enum flag allows; `module_name`: the module the flags belong to
-    (a program's flags module: `--program=NAME --help` lists them as its own), default this one."""
+    `choices`: field -> the values an enum flag allows; `parsers`: field -> parse(flag, text) of a
+    field with its own syntax; `module_name`: the module the flags belong to (a program's flags
+    module: `--program=NAME --help` lists them as its own), default this one."""
     hints = typing.get_type_hints(cls)
     out = []
     for field in dataclasses.fields(cls):
         if field.name in skip:
             continue
-        kind = _base_type(hints[field.name])
+        kind, _ = _kind(hints[field.name])
         default = field.default if field.default is not dataclasses.MISSING else None
-        text = ((helps or {})[field.name] + f" (default {default!r})" if field.name in (helps or {})
-                else f"{cls.__name__}.{field.name} (default {default!r}).")
+        shown = "" if field.default is dataclasses.MISSING else f" (default {_shown(default)})"
+        text = ((helps or {})[field.name] + shown if field.name in (helps or {})
+                else f"{cls.__name__}.{field.name}{shown}.")
         name = flag_name(field.name, prefix, names)
         owner = {"module_name": module_name} if module_name else {}
         if field.name in (choices or {}):
             flags.DEFINE_enum(name, None, list(choices[field.name]), text, **owner)
-        elif kind is tuple:
+        elif field.name in (parsers or {}):
+            flags.DEFINE_string(name, None, text, **owner)
+        elif kind == "list":
+            flags.DEFINE_list(name, None, text, **owner)
+        elif kind == "pairs":
             flags.DEFINE_string(name, None, text + " Pairs 'lo:hi,lo:hi,...'.", **owner)
         else:
             _DEFINE[kind](name, None, text, **owner)
         out.append(name)
     return out
+
+
+def _shown(default) -> str:
+    """A default as a flag would be written: a list comma-separated, else its repr."""
+    return repr(",".join(str(v) for v in default)) if isinstance(default, tuple) and default else repr(default)
 
 
 def _parse_pairs(flag: str, text: str):
@@ -68,7 +90,21 @@ def _parse_pairs(flag: str, text: str):
     return pairs
 
 
-def overrides(cls, *, prefix: str = "", skip=(), names: dict | None = None) -> dict:
+def _parse_list(flag: str, items: list, item_type):
+    try:
+        return tuple(item_type(v) for v in items)
+    except ValueError:
+        raise ConfigError(f"--{flag}={','.join(items)}: expected comma-separated {_ITEMS[item_type]}") from None
+
+
+def _parse_own(flag: str, text: str, parse):
+    try:
+        return parse(flag, text)
+    except ValueError as e:
+        raise ConfigError(str(e) if str(e).startswith(f"--{flag}") else f"--{flag}={text}: {e}") from None
+
+
+def overrides(cls, *, prefix: str = "", skip=(), names: dict | None = None, parsers: dict | None = None) -> dict:
     """The fields whose flags were given (value not None), parsed."""
     hints = typing.get_type_hints(cls)
     out = {}
@@ -76,17 +112,31 @@ def overrides(cls, *, prefix: str = "", skip=(), names: dict | None = None) -> d
         name = flag_name(field.name, prefix, names)
         if field.name in skip or FLAGS[name].value is None:
             continue
-        value = FLAGS[name].value
-        out[field.name] = _parse_pairs(name, value) if _base_type(hints[field.name]) is tuple else value
+        value, (kind, item) = FLAGS[name].value, _kind(hints[field.name])
+        if field.name in (parsers or {}):
+            value = _parse_own(name, value, parsers[field.name])
+        elif kind == "list":
+            value = _parse_list(name, value, item)
+        elif kind == "pairs":
+            value = _parse_pairs(name, value)
+        out[field.name] = value
     return out
 
 
-def build(cls, base, *, prefix: str = "", skip=(), extra: dict | None = None, names: dict | None = None):
-    """`base` (an instance of cls) with the given flags applied, validated; a ValueError from
-    validate() becomes a ConfigError that names the flag."""
-    changes = dict(overrides(cls, prefix=prefix, skip=skip, names=names), **(extra or {}))
+def build(cls, base=None, *, prefix: str = "", skip=(), extra: dict | None = None, names: dict | None = None,
+          parsers: dict | None = None, program: str | None = None):
+    """`base` (an instance of cls; None: cls's defaults, every field without one a required flag of
+    `program`) with the given flags applied, validated; a ValueError from validate() becomes a
+    ConfigError that names the flag."""
+    changes = dict(overrides(cls, prefix=prefix, skip=skip, names=names, parsers=parsers), **(extra or {}))
+    if base is None:
+        for field in dataclasses.fields(cls):
+            if (field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+                    and field.name not in changes):
+                raise ConfigError(f"--{flag_name(field.name, prefix, names)} is required"
+                                  + (f" for --program={program}" if program else ""))
     try:
-        cfg = dataclasses.replace(base, **changes)
+        cfg = dataclasses.replace(base, **changes) if base is not None else cls(**changes)
         return cfg.validate() if hasattr(cfg, "validate") else cfg
     except ValueError as e:
         raise ConfigError(flag_message(str(e), cls, prefix, names)) from None
@@ -94,7 +144,10 @@ def build(cls, base, *, prefix: str = "", skip=(), extra: dict | None = None, na
 
 def flag_message(message: str, cls, prefix: str = "", names: dict | None = None, *, unmatched: str = "name") -> str:
     """Rewrites 'Cls.field=value: ...' or 'field=value: ...' to '--<flag>=value: ...'; a message about no
-    field is prefixed with the class name (`unmatched="name"`) or kept as it is ("keep")."""
+    field is prefixed with the class name (`unmatched="name"`) or kept as it is ("keep"); one that names
+    its flag itself ('--...') is kept."""
+    if message.startswith("--"):
+        return message
     for field in dataclasses.fields(cls):
         pattern = rf"^(?:{cls.__name__}\.)?{re.escape(field.name)}="
         if re.match(pattern, message):

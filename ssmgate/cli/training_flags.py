@@ -39,15 +39,56 @@ def _in(group: str, define, name: str, *args, **kwargs) -> None:
     GROUPS.setdefault(group, []).append(name)
 
 
-_in("run", flags.DEFINE_integer, "seed", 0, "First seed.")
-_in("seeds", flags.DEFINE_integer, "seeds", 1, "Seeds per grid point (seed, seed + 1, ...).")
-_in("run", flags.DEFINE_integer, "steps", None, "Training steps (a cap where runs stop early).")
+def _fields_except(cls, *keep: str) -> tuple:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in keep)
+
+
+def _offsets(flag: str, text: str) -> tuple[float, ...]:
+    """Gate offsets in order; an item 'ln:s' is ln s (P1's gate scale s). Whether they are distinct,
+    finite and allowed for the model is RunSpec.validate's check (sweep_results.check_offsets)."""
+    items = []
+    for item in (s.strip() for s in text.split(",")):
+        if item.startswith("ln:"):
+            try:
+                scale = float(item[3:])
+                if not scale > 0 or not math.isfinite(scale):
+                    raise ValueError
+            except ValueError:
+                raise ValueError(f"--{flag}: cannot read {item!r}; expected ln:S with a scale S > 0") from None
+            items.append(repr(math.log(scale)))
+        else:
+            items.append(item)
+    return parse_grid(flag, ",".join(items))
+
+
+def _step_range(flag: str, text: str) -> tuple[int, int] | None:
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        first, last = (int(p) for p in text.split(":"))
+    except ValueError:
+        raise ValueError(f"--{flag}={text}: expected FIRST:LAST, two step numbers such as 10:20") from None
+    return first, last
+
+
+# The replica grid's flags are Grid's fields but the learning rates (--lr below: one value or a grid).
+GRID_NAMES = {"offsets": "gate_offset"}
+GRID_PARSERS = {"offsets": _offsets}
+GROUPS["run"] = dataclass_flags.define(Grid, skip=_fields_except(Grid, "seed"), helps={"seed": "First seed."})
+GROUPS["seeds"] = dataclass_flags.define(Grid, skip=_fields_except(Grid, "seeds"), helps={
+    "seeds": "Seeds per grid point (seed, seed + 1, ...)."})
+GROUPS["gate_offset"] = dataclass_flags.define(Grid, skip=_fields_except(Grid, "offsets"), names=GRID_NAMES,
+                                               parsers=GRID_PARSERS, helps={"offsets": (
+    "Gate offset delta (Mamba-2: A_log += delta at initialisation): one value or a grid ('-6,-2,0,2'), one "
+    "replica each; an item 'ln:s' is the offset of P1's gate scale s (delta = ln s).")})
+GROUPS["run"] += dataclass_flags.define(loop.LoopCfg, skip=_fields_except(loop.LoopCfg, "steps"), helps={
+    "steps": "Training steps (a cap where runs stop early)."})
+# --batch is a field of every task's config (KVCfg, HornCfg, ToolsCfg, ...): one flag, declared here.
 _in("run", flags.DEFINE_integer, "batch", None, "Examples (sequences) per training step.")
+# --lr is optim.lr of one run and Grid.lrs of a learning-rate sweep, in one flag with a grid syntax.
 _in("lr", flags.DEFINE_string, "lr", None, "Learning rate (SGD) or peak learning rate (schedules): one value, or "
     "a grid for the programs that sweep it ('1e-3,3e-3', 'logspace:-4:-2:8').")
-_in("gate_offset", flags.DEFINE_string, "gate_offset", "0", "Gate offset delta (Mamba-2: A_log += delta at "
-    "initialisation): one value or a grid ('-6,-2,0,2'), one replica each; an item 'ln:s' is the offset of "
-    "P1's gate scale s (delta = ln s).")
 _in("model", flags.DEFINE_string, "preset", None, "A named model of ssmgate.models.presets; model flags override "
     "its fields; empty: none (how a scale's flag file drops the preset of the paper file it includes).")
 GROUPS["model"] += dataclass_flags.define(ModelCfg)
@@ -59,8 +100,9 @@ GROUPS["mesh"] = dataclass_flags.define(meshlib.MeshCfg, prefix="mesh_")
 _in("task", flags.DEFINE_string, "task", None, "The program's task (train: copy | recall; p2_state_tracking: "
     "parity | mod3 | arith).")
 # The loop, stop and evaluation-size flags are fields of LoopCfg, StopRule and RunSpec, with their defaults.
-LOOP_SKIP = ("steps", "name", "profile_steps")
-GROUPS["loop"] = dataclass_flags.define(loop.LoopCfg, skip=LOOP_SKIP, helps={
+LOOP_SKIP = ("steps", "name")
+LOOP_PARSERS = {"profile_steps": _step_range}
+GROUPS["loop"] = dataclass_flags.define(loop.LoopCfg, skip=LOOP_SKIP, parsers=LOOP_PARSERS, helps={
     "log_every": "Steps between progress lines and metrics.jsonl records.",
     "eval_every": "Steps between evaluations (0: only at the end).",
     "ckpt_every": "Steps between checkpoints (0: only at the end).",
@@ -69,9 +111,9 @@ GROUPS["loop"] = dataclass_flags.define(loop.LoopCfg, skip=LOOP_SKIP, helps={
     "ckpt_async": "Save checkpoints in the background (training goes on while they are written; a kill loses at "
                   "most the one being written).",
     "wandb_project": "Also log metrics to this Weights & Biases project (needs `pip install wandb`).",
+    "profile_steps": "FIRST:LAST: write a jax.profiler trace of these steps (1-based) into RUN_DIR/profile (open it "
+                     "with TensorBoard's profile plugin or Perfetto).",
 })
-_in("loop", flags.DEFINE_string, "profile_steps", "", "FIRST:LAST: write a jax.profiler trace of these steps "
-    "(1-based) into RUN_DIR/profile (open it with TensorBoard's profile plugin or Perfetto).")
 STOP_SKIP = ("metric",)
 GROUPS["stop"] = dataclass_flags.define(sweep.StopRule, skip=STOP_SKIP, helps={
     "escape_thr": "Sweep: a replica escapes at the first evaluation with the stop metric above this (the "
@@ -127,24 +169,12 @@ def mesh_cfg() -> meshlib.MeshCfg:
     return dataclass_flags.build(meshlib.MeshCfg, meshlib.MeshCfg(), prefix="mesh_")
 
 
-def profile_steps() -> tuple[int, int] | None:
-    text = FLAGS.profile_steps.strip()
-    if not text:
-        return None
-    parts = text.split(":")
-    try:
-        first, last = (int(p) for p in parts)
-    except ValueError:
-        raise ConfigError(f"--profile_steps={text}: expected FIRST:LAST, two step numbers such as 10:20") from None
-    return first, last
-
-
 def loop_cfg(steps: int, name: str = "train") -> loop.LoopCfg:
     if FLAGS.wandb_project and importlib.util.find_spec("wandb") is None:  # checked before the run directory exists
         raise ConfigError(f"--wandb_project={FLAGS.wandb_project} needs the wandb package (pip install wandb); "
                           f"expected it installed, or no --wandb_project")
-    return dataclass_flags.build(loop.LoopCfg, loop.LoopCfg(steps=steps, name=name, profile_steps=profile_steps()),
-                                 skip=LOOP_SKIP)
+    return dataclass_flags.build(loop.LoopCfg, loop.LoopCfg(steps=steps, name=name), skip=LOOP_SKIP,
+                                 parsers=LOOP_PARSERS)
 
 
 def learning_rates(program: str) -> list[float]:
@@ -170,25 +200,10 @@ def one_lr(program: str, default: float | None = None) -> float:
     return lrs[0]
 
 
-def gate_offsets() -> tuple[float, ...]:
-    """--gate_offset: the offsets delta in order; an item 'ln:s' is ln s (P1's gate scale s). Whether they
-    are distinct, finite and allowed for the model is RunSpec.validate's check (sweep_results.check_offsets)."""
-    items = []
-    for item in (s.strip() for s in FLAGS.gate_offset.split(",")):
-        if item.startswith("ln:"):
-            try:
-                scale = float(item[3:])
-                if not scale > 0 or not math.isfinite(scale):
-                    raise ValueError
-            except ValueError:
-                raise ConfigError(f"--gate_offset: cannot read {item!r}; expected ln:S with a scale S > 0") from None
-            items.append(repr(math.log(scale)))
-        else:
-            items.append(item)
-    try:
-        return parse_grid("gate_offset", ",".join(items))   # checked with the model by RunSpec.validate
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+def grid(lrs: tuple = ()) -> Grid:
+    """The replica grid of --seed, --seeds and --gate_offset (Grid's defaults where not given), sweeping `lrs`."""
+    return dataclasses.replace(Grid(lrs=lrs), **dataclass_flags.overrides(Grid, skip=("lrs",), names=GRID_NAMES,
+                                                                          parsers=GRID_PARSERS))
 
 
 def run_spec(program: str, *, metric: str, escape_thr: float | None = None, stop_thr: float | None = None,
@@ -204,7 +219,6 @@ def run_spec(program: str, *, metric: str, escape_thr: float | None = None, stop
                                **dataclass_flags.overrides(sweep.StopRule, skip=STOP_SKIP))
     spec = RunSpec(model=model_cfg(model_base), optim=optim_cfg(lrs[0], steps),
                    loop=loop_cfg(steps, name=loop_name or program),
-                   mesh=mesh_cfg(), grid=Grid(FLAGS.seed, FLAGS.seeds, tuple(gate_offsets()),
-                                              tuple(lrs) if len(lrs) > 1 else ()),
+                   mesh=mesh_cfg(), grid=grid(tuple(lrs) if len(lrs) > 1 else ()),
                    stop=stop, preset=preset())
     return dataclasses.replace(spec, **dataclass_flags.overrides(RunSpec, skip=EVAL_SKIP))

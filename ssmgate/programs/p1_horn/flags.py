@@ -34,17 +34,21 @@ dataclass_flags.define(horn.HornCfg, prefix="horn_", skip=("batch", "n_sets"), n
     "turns": "Horn task: which turn the training rows ask (both: even rows turn 1, odd rows turn 2).",
     "n_buckets": "Horn task: training length buckets over k_min..k_max (one compiled step each).",
 })
-flags.DEFINE_integer("horn_probe_k", None, "Retrieval regime: pool size of the no-oracle and random-oracle-name "
-                     "probes (default min(32, --horn_k_max)).")
-flags.DEFINE_integer("horn_probe_n", None, "Retrieval regime: examples per probe set (default --eval_n).")
-flags.DEFINE_string("horn_lengen_ks", "", "Lengen regime: pool sizes evaluated after training (e.g. "
-                    "'1,2,4,8,16,32,64,128'); empty = protocol §4.5's 1, 2, 4, ..., 128 up to --horn_K.")
-flags.DEFINE_string("horn_weak_betas", "", "Lengen regime: also evaluate at lengen_ks with a weak retriever, pools "
-                    "from a PL ranking at each of these finite betas with no oracle injected (P1 Fig 5 top: '0,1'); "
-                    "empty = none.")
-flags.DEFINE_float("horn_early_frac", 0.1, "The 'early' probe values are the first evaluation at or after this "
-                   "fraction of training.")
-flags.DEFINE_integer("horn_gate_prompts", 64, "Prompts of the token-averaged gate statistics (protocol §2.5).")
+# The program's own fields (HornRunCfg's), --horn_<field>.
+RUN_SKIP = ("horn", "spec")
+RUN_PARSERS = {"lengen_ks": parse_ints, "weak_betas": parse_grid}
+dataclass_flags.define(p1_horn.HornRunCfg, prefix="horn_", skip=RUN_SKIP, parsers=RUN_PARSERS, module_name=__name__,
+                       helps={
+    "probe_k": "Retrieval regime: pool size of the no-oracle and random-oracle-name probes (default min(32, "
+               "--horn_k_max)).",
+    "probe_n": "Retrieval regime: examples per probe set (default --eval_n).",
+    "lengen_ks": "Lengen regime: pool sizes evaluated after training (e.g. '1,2,4,8,16,32,64,128'); empty = "
+                 "protocol §4.5's 1, 2, 4, ..., 128 up to --horn_K.",
+    "weak_betas": "Lengen regime: also evaluate at lengen_ks with a weak retriever, pools from a PL ranking at each "
+                  "of these finite betas with no oracle injected (P1 Fig 5 top: '0,1'); empty = none.",
+    "early_frac": "The 'early' probe values are the first evaluation at or after this fraction of training.",
+    "gate_prompts": "Prompts of the token-averaged gate statistics (protocol §2.5).",
+})
 
 FLAGS = flags.FLAGS
 PROGRAM = "p1_horn"
@@ -56,19 +60,10 @@ def config_from_flags() -> p1_horn.HornRunCfg:
     spec = tf.run_spec(PROGRAM, metric=p1_horn.METRIC)
     task = dataclass_flags.build(horn.HornCfg, horn.HornCfg(batch=batch), prefix="horn_", skip=("batch", "n_sets"),
                                  names=p1_horn.TASK_FLAGS)
-    try:
-        lengen_ks = parse_ints("horn_lengen_ks", FLAGS.horn_lengen_ks)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    try:
-        weak_betas = parse_grid("horn_weak_betas", FLAGS.horn_weak_betas)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    if not lengen_ks and task.regime == "lengen":
-        lengen_ks = tuple(k for k in horn.LENGEN_KS if k <= task.K)
-    return p1_horn.HornRunCfg(
-        horn=task, spec=spec, probe_n=FLAGS.horn_probe_n, probe_k=FLAGS.horn_probe_k, lengen_ks=lengen_ks,
-        weak_betas=weak_betas, early_frac=FLAGS.horn_early_frac, gate_prompts=FLAGS.horn_gate_prompts).validate()
+    run = dataclass_flags.overrides(p1_horn.HornRunCfg, prefix="horn_", skip=RUN_SKIP, parsers=RUN_PARSERS)
+    if not run.get("lengen_ks") and task.regime == "lengen":  # none given: protocol §4.5's sizes up to K
+        run["lengen_ks"] = tuple(k for k in horn.LENGEN_KS if k <= task.K)
+    return p1_horn.HornRunCfg(horn=task, spec=spec, **run).validate()
 
 
 def describe(cfg) -> str:

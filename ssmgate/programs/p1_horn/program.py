@@ -108,8 +108,8 @@ class HornRunCfg:
     spec: RunSpec                    # model, optimizer, loop, mesh, replicas, stop rule, evaluation sizes
     probe_n: Optional[int] = None         # None: spec.eval_n
     probe_k: Optional[int] = None         # None: min(PROBE_K, k_max)
-    lengen_ks: tuple = ()
-    weak_betas: tuple = ()                # finite PL betas of the weak-retriever evaluation (lengen regime)
+    lengen_ks: tuple[int, ...] = ()
+    weak_betas: tuple[float, ...] = ()    # finite PL betas of the weak-retriever evaluation (lengen regime)
     early_frac: float = 0.1
     gate_prompts: int = 64
 

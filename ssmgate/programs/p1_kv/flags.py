@@ -12,7 +12,6 @@ from absl import flags
 
 from ssmgate.cli import dataclass_flags, training_flags as tf
 from ssmgate.cli.grids import parse_ints
-from ssmgate.config_error import ConfigError
 from ssmgate.programs.p1_kv import program as p1_kv
 from ssmgate.tasks import kv_retrieval as kv
 
@@ -29,9 +28,16 @@ dataclass_flags.define(kv.KVCfg, prefix="kv_", skip=("batch",), names=p1_kv.TASK
              "last (best_last, Fig 2c).",
     "dict_seed": "KV task: seed of the static dictionary (one per run).",
 })
-flags.DEFINE_integer("kv_buckets", 8, "KV task: training length buckets over 1..N (one compiled step each).")
-flags.DEFINE_string("lengen_ns", "", "best_last: pair counts n of the length-generalisation sets evaluated "
-                    "after training (e.g. '512,768,1024'); empty = none.")
+# The program's own fields (KVRunCfg's), under the names flag files have always used.
+RUN_SKIP = ("kv", "spec")
+RUN_NAMES = {"n_buckets": "kv_buckets"}
+RUN_PARSERS = {"lengen_ns": parse_ints}
+dataclass_flags.define(p1_kv.KVRunCfg, skip=RUN_SKIP, names=RUN_NAMES, parsers=RUN_PARSERS, module_name=__name__,
+                       helps={
+    "n_buckets": "KV task: training length buckets over 1..N (one compiled step each).",
+    "lengen_ns": "best_last: pair counts n of the length-generalisation sets evaluated after training (e.g. "
+                 "'512,768,1024'); empty = none.",
+})
 
 FLAGS = flags.FLAGS
 PROGRAM = "p1_kv"
@@ -39,19 +45,13 @@ GROUPS_READ = ("run", "seeds", "lr", "gate_offset", "model", "optim", "mesh", "l
 ESCAPE_THR, STOP_THR = 0.95, 0.99  # protocol §3.3 / 3.4
 
 
-def _ints(name: str) -> tuple[int, ...]:
-    try:
-        return parse_ints(name, FLAGS[name].value)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-
-
 def config_from_flags() -> p1_kv.KVRunCfg:
     batch = tf.require("batch", PROGRAM)
     spec = tf.run_spec(PROGRAM, metric=p1_kv.METRIC, escape_thr=ESCAPE_THR, stop_thr=STOP_THR)
     task = dataclass_flags.build(kv.KVCfg, kv.KVCfg(batch=batch), prefix="kv_", skip=("batch",),
                                  names=p1_kv.TASK_FLAGS)
-    return p1_kv.KVRunCfg(kv=task, spec=spec, n_buckets=FLAGS.kv_buckets, lengen_ns=_ints("lengen_ns")).validate()
+    return dataclass_flags.build(p1_kv.KVRunCfg, p1_kv.KVRunCfg(kv=task, spec=spec), skip=RUN_SKIP, names=RUN_NAMES,
+                                 parsers=RUN_PARSERS)
 
 
 def describe(cfg) -> str:

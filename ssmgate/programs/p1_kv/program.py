@@ -72,7 +72,7 @@ class KVRunCfg:
     kv: kv.KVCfg                     # the task; kv.batch is the training batch
     spec: RunSpec                    # model, optimizer, loop, mesh, replicas, stop rule, evaluation sizes
     n_buckets: int = 8
-    lengen_ns: tuple = ()
+    lengen_ns: tuple[int, ...] = ()
 
     @property
     def bounds(self) -> tuple:

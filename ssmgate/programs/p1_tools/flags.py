@@ -8,47 +8,41 @@ from __future__ import annotations
 
 from absl import flags
 
-from ssmgate.cli import training_flags as tf
-from ssmgate.config_error import ConfigError
+from ssmgate.cli import dataclass_flags, training_flags as tf
 from ssmgate.programs.p1_tools import program as p1_tools
 
-_T = p1_tools.ToolsCfg()
-flags.DEFINE_string("init_run", "", "Run directory of the pretrained model (its latest checkpoint); relative = a "
-                    "sibling of --run_dir; empty = fresh weights.")
-flags.DEFINE_integer("tools_test_percent", _T.test_percent, "Functions held out for testing (percent, by name).")
-flags.DEFINE_integer("tools_k_max", _T.k_max, "Training pools have k ~ U{1..k_max} tools.")
-flags.DEFINE_integer("tools_seq_len", _T.seq_len, "The longest training row (bytes); must hold k_max tools.")
-flags.DEFINE_integer("tools_quantum", _T.quantum, "Training rows are padded to a multiple of this.")
-flags.DEFINE_list("tools_eval_k", [str(k) for k in _T.eval_k], "Pool sizes of the main-setting evaluation.")
-flags.DEFINE_list("weak_betas", [f"{b:g}" for b in _T.weak_betas], "Strengths of the weak retriever (empty: none).")
-flags.DEFINE_list("weak_eval_k", [str(k) for k in _T.weak_k], "Pool sizes of the weak-retriever evaluation.")
-flags.DEFINE_integer("tools_max_new", _T.max_new, "Bytes decoded per answer.")
-flags.DEFINE_integer("tools_eval_batch", _T.eval_batch, "Prompts per decoding program.")
-flags.DEFINE_integer("tools_max_test", None, "Evaluate only the first N held-out questions.")
-flags.DEFINE_string("bfcl_data_dir", None, "BFCL data folder (default: the bfcl-eval package's data/).")
+# The task's flags are ToolsCfg's fields (--tools_<field>, three older names kept); --batch and --tokenizer are shared.
+TOOLS_NAMES = {"weak_betas": "weak_betas", "weak_k": "weak_eval_k", "data_dir": "bfcl_data_dir"}
+TOOLS_SKIP = ("batch", "tokenizer")
+dataclass_flags.define(p1_tools.ToolsCfg, prefix="tools_", skip=TOOLS_SKIP, names=TOOLS_NAMES, module_name=__name__,
+                       helps={
+    "test_percent": "Functions held out for testing (percent, by name).",
+    "k_max": "Training pools have k ~ U{1..k_max} tools.",
+    "seq_len": "The longest training row (bytes); must hold k_max tools.",
+    "quantum": "Training rows are padded to a multiple of this.",
+    "eval_k": "Pool sizes of the main-setting evaluation.",
+    "weak_betas": "Strengths of the weak retriever (empty: none).",
+    "weak_k": "Pool sizes of the weak-retriever evaluation.",
+    "max_new": "Bytes decoded per answer.",
+    "eval_batch": "Prompts per decoding program.",
+    "max_test": "Evaluate only the first N held-out questions.",
+    "data_dir": "BFCL data folder (default: the bfcl-eval package's data/).",
+})
+dataclass_flags.define(p1_tools.P1ToolsCfg, skip=("tools", "spec"), module_name=__name__, helps={
+    "init_run": "Run directory of the pretrained model (its latest checkpoint); relative = a sibling of --run_dir; "
+                "empty = fresh weights."})
 
 FLAGS = flags.FLAGS
 GROUPS_READ = ("run", "lr", "gate_offset", "model", "optim", "mesh", "loop", "tokenizer")
 
 
-def _numbers(name: str, kind):
-    try:
-        return tuple(kind(v) for v in FLAGS[name].value)
-    except ValueError:
-        raise ConfigError(f"--{name}={','.join(FLAGS[name].value)}: expected comma-separated "
-                          f"{'integers' if kind is int else 'numbers'}") from None
-
-
 def config_from_flags() -> p1_tools.P1ToolsCfg:
     batch = tf.require("batch", "p1_tools")
     spec = tf.run_spec("p1_tools", metric="accuracy")
-    tools = p1_tools.ToolsCfg(test_percent=FLAGS.tools_test_percent, k_max=FLAGS.tools_k_max,
-                              seq_len=FLAGS.tools_seq_len, quantum=FLAGS.tools_quantum, batch=batch,
-                              eval_k=_numbers("tools_eval_k", int), weak_betas=_numbers("weak_betas", float),
-                              weak_k=_numbers("weak_eval_k", int), max_new=FLAGS.tools_max_new,
-                              eval_batch=FLAGS.tools_eval_batch, max_test=FLAGS.tools_max_test,
-                              data_dir=FLAGS.bfcl_data_dir, tokenizer=FLAGS.tokenizer)
-    return p1_tools.P1ToolsCfg(tools=tools, spec=spec, init_run=FLAGS.init_run).validate()
+    tools = dataclass_flags.build(p1_tools.ToolsCfg, p1_tools.ToolsCfg(batch=batch, tokenizer=FLAGS.tokenizer),
+                                  prefix="tools_", skip=TOOLS_SKIP, names=TOOLS_NAMES)
+    return dataclass_flags.build(p1_tools.P1ToolsCfg, p1_tools.P1ToolsCfg(tools=tools, spec=spec),
+                                 skip=("tools", "spec"))
 
 
 def describe(cfg) -> str:

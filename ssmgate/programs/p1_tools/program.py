@@ -67,9 +67,9 @@ class ToolsCfg:
     seq_len: int = 4096             # the longest training row
     quantum: int = 256
     batch: int = 8
-    eval_k: tuple = (1, 4, 8, 16, 24, 32, 48, 64, 72)   # protocol §5.2 [REC]
-    weak_betas: tuple = (0.05, 10.0)                     # protocol §5.4
-    weak_k: tuple = (1, 4, 8, 16, 24, 32, 48, 64, 72)
+    eval_k: tuple[int, ...] = (1, 4, 8, 16, 24, 32, 48, 64, 72)   # protocol §5.2 [REC]
+    weak_betas: tuple[float, ...] = (0.05, 10.0)                   # protocol §5.4
+    weak_k: tuple[int, ...] = (1, 4, 8, 16, 24, 32, 48, 64, 72)
     max_new: int = 96               # decoded bytes per answer
     eval_batch: int = 32            # prompts per decoding program
     max_test: Optional[int] = None  # evaluate only the first N held-out questions

@@ -19,62 +19,88 @@ from ssmgate.programs.p2_lm.official_gate import NativePPLGate
 from ssmgate.tasks import text_corpus
 from ssmgate.train.run_spec import Grid, RunSpec
 
-_T, _E = p2_lm.TextCfg(), LongEvalCfg()
-flags.DEFINE_string("corpus", _T.corpus, f"Training and validation text: {text_corpus.CORPUS_FORMS}.")
-flags.DEFINE_string("eval_corpus", "", "The long-context evaluation's books (same forms); empty = --corpus.")
-flags.DEFINE_enum("eval_split", _T.eval_split, text_corpus.SPLITS, "Split of the long-context books.")
-flags.DEFINE_string("tfds_data_dir", None, "data_dir of prepared TFDS datasets (default: TFDS's).")
-flags.DEFINE_string("text_key", _T.text_key, "Text feature of TFDS corpora that do not name one (tfds:<name>#<feature>).")
-flags.DEFINE_integer("eval_batch", _T.eval_batch, "Validation rows per forward pass.")
-flags.DEFINE_integer("max_train_tokens", None, "Cut the training token stream here (default or 0: all of it).")
-flags.DEFINE_integer("max_valid_tokens", None, "Cut the validation token stream here (protocol §7.1: a 50M-token slice; default or 0: all).")
-flags.DEFINE_integer("max_eval_books", None, "Use only the first N long-context books (default or 0: all).")
-flags.DEFINE_string("token_cache_dir", None, "Keep the training split's token shards and the validation stream here "
-                    "(default or empty: tokenize every run).")
-flags.DEFINE_list("lm_windows", [str(c) for c in _E.windows], "Window sizes C of the protocol §7.2 evaluation.")
-flags.DEFINE_integer("score_last", _E.score_last, "Tokens scored at the end of each window (protocol §7.2: 100).")
-flags.DEFINE_integer("piece_len", _E.piece_len, "Tokens per forward piece of a window (the state carries over).")
-flags.DEFINE_integer("window_batch", _E.batch, "Windows per forward pass.")
-flags.DEFINE_integer("pseudo_books", _E.pseudo_books, "0: the windows of protocol §7.2 on the eval books. N > 0: the "
-                     "books joined with EOS and cut into at most N pseudo-books of the largest --lm_windows + 10 x "
-                     "--score_last tokens, the windows of every size ending where the largest's do (every C scores "
-                     "the same tokens; for corpora of short books). Every other window size must be <= the largest.")
-flags.DEFINE_list("window_curve_windows", [], "Window sizes whose native windowed PPL is measured along training "
-                  "(P2 Figs 8-9); empty = none.")
-flags.DEFINE_integer("window_curve_every", _E.curve_every, "Steps between the --window_curve_windows measurements "
-                     "(a multiple of --eval_every; 0 = at every evaluation); the last step is always measured.")
-flags.DEFINE_list("lm_interventions", [], f"Phase interventions at every window size: some of {', '.join(PHASE_KINDS)}.")
-flags.DEFINE_integer("bc_window", None, "Window size of the B/C rotation-removal table (protocol §8.4); unset or 0 = skip.")
-flags.DEFINE_integer("heatmap_window", None, "Window size of the layer-window heat map (protocol §8.1); unset or 0 = skip.")
-flags.DEFINE_integer("diag_len", 0, "State diagnostics (protocol §8.3) over the first N tokens of books this long; 0 = skip.")
-flags.DEFINE_integer("diag_skip", 0, "Leading positions excluded from the diagnostics (protocol §8.3: 2000).")
-flags.DEFINE_integer("diag_short", 0, "End of the diagnostics' shorter span (protocol §8.3: 16000).")
-flags.DEFINE_integer("diag_books", _E.diag_books, "At most this many books for the diagnostics.")
-flags.DEFINE_integer("trajectory_len", 0, "Phase-trajectory figure over this many tokens; 0 = skip.")
-flags.DEFINE_list("memory_windows", [], "Window lengths whose peak memory is measured in fresh processes.")
-flags.DEFINE_integer("bucket_row_len", 0, "protocol §7.3: eval books joined with EOS in rows this long, PPL per "
-                     "position bucket; 0 = skip.")
-flags.DEFINE_integer("bucket_width", _E.bucket_width, "Positions per bucket of --bucket_row_len rows.")
-flags.DEFINE_string("variant", "", "The report's name of this model (e.g. rotation, no_rotation).")
-flags.DEFINE_string("init_official", None, "Evaluate an official Mamba-3 checkpoint: its safetensors file or folder "
-                    "with upstream's config.json beside it, which gives the model (model flags given must agree; "
-                    "--a_activation is the decay's: heavy, or softplus for weights before mamba_ssm c69aaab). "
-                    "No training. Empty: none.")
-flags.DEFINE_float("official_ppl", None, "--init_official: the published native PPL at --official_ppl_window; the run "
-                   "stops before any intervention unless the converted checkpoint measures it within the tolerance.")
-flags.DEFINE_integer("official_ppl_window", None, "--init_official: the window size of --official_ppl "
-                     "(default: the first of --lm_windows).")
-flags.DEFINE_float("official_ppl_tolerance", 0.02, "--init_official: allowed |measured / published - 1|.")
+
+def _count(flag: str, text: str) -> int | None:
+    """A cut or a window size where 0 (or empty) means none."""
+    try:
+        return int(text) or None if text.strip() else None
+    except ValueError:
+        raise ValueError("expected an integer (0: none)") from None
+
+
+def _path(flag: str, text: str) -> str | None:
+    return text or None
+
+
+# The data flags are TextCfg's fields (--tokenizer, --seq_len and --batch are shared flags), the long-context
+# evaluation's LongEvalCfg's (its shuffle seed is --seed), the published-PPL gate's NativePPLGate's and the
+# rest P2LMCfg's; their names are the ones flag files have always used.
+TEXT_SKIP = ("tokenizer", "seq_len", "batch")
+TEXT_NAMES = {"cache_dir": "token_cache_dir"}
+TEXT_PARSERS = {"max_train_tokens": _count, "max_valid_tokens": _count, "max_eval_books": _count,
+                "cache_dir": _path}
+dataclass_flags.define(p2_lm.TextCfg, skip=TEXT_SKIP, names=TEXT_NAMES, parsers=TEXT_PARSERS,
+                       choices={"eval_split": text_corpus.SPLITS}, module_name=__name__, helps={
+    "corpus": f"Training and validation text: {text_corpus.CORPUS_FORMS}.",
+    "eval_corpus": "The long-context evaluation's books (same forms); empty = --corpus.",
+    "eval_split": "Split of the long-context books.",
+    "tfds_data_dir": "data_dir of prepared TFDS datasets (default: TFDS's).",
+    "text_key": "Text feature of TFDS corpora that do not name one (tfds:<name>#<feature>).",
+    "eval_batch": "Validation rows per forward pass.",
+    "max_train_tokens": "Cut the training token stream here (default or 0: all of it).",
+    "max_valid_tokens": "Cut the validation token stream here (protocol §7.1: a 50M-token slice; default or 0: all).",
+    "max_eval_books": "Use only the first N long-context books (default or 0: all).",
+    "cache_dir": "Keep the training split's token shards and the validation stream here (default or empty: tokenize "
+                 "every run).",
+})
+EVAL_SKIP = ("shuffle_seed",)
+EVAL_NAMES = {"windows": "lm_windows", "batch": "window_batch", "interventions": "lm_interventions",
+              "curve_windows": "window_curve_windows", "curve_every": "window_curve_every"}
+EVAL_PARSERS = {"bc_window": _count, "heatmap_window": _count}
+dataclass_flags.define(LongEvalCfg, skip=EVAL_SKIP, names=EVAL_NAMES, parsers=EVAL_PARSERS, module_name=__name__,
+                       helps={
+    "windows": "Window sizes C of the protocol §7.2 evaluation.",
+    "score_last": "Tokens scored at the end of each window (protocol §7.2: 100).",
+    "piece_len": "Tokens per forward piece of a window (the state carries over).",
+    "batch": "Windows per forward pass.",
+    "pseudo_books": "0: the windows of protocol §7.2 on the eval books. N > 0: the books joined with EOS and cut "
+                    "into at most N pseudo-books of the largest --lm_windows + 10 x --score_last tokens, the windows "
+                    "of every size ending where the largest's do (every C scores the same tokens; for corpora of "
+                    "short books). Every other window size must be <= the largest.",
+    "curve_windows": "Window sizes whose native windowed PPL is measured along training (P2 Figs 8-9); empty = none.",
+    "curve_every": "Steps between the --window_curve_windows measurements (a multiple of --eval_every; 0 = at every "
+                   "evaluation); the last step is always measured.",
+    "interventions": f"Phase interventions at every window size: some of {', '.join(PHASE_KINDS)}.",
+    "bc_window": "Window size of the B/C rotation-removal table (protocol §8.4); unset or 0 = skip.",
+    "heatmap_window": "Window size of the layer-window heat map (protocol §8.1); unset or 0 = skip.",
+    "diag_len": "State diagnostics (protocol §8.3) over the first N tokens of books this long; 0 = skip.",
+    "diag_skip": "Leading positions excluded from the diagnostics (protocol §8.3: 2000).",
+    "diag_short": "End of the diagnostics' shorter span (protocol §8.3: 16000).",
+    "diag_books": "At most this many books for the diagnostics.",
+    "trajectory_len": "Phase-trajectory figure over this many tokens; 0 = skip.",
+    "memory_windows": "Window lengths whose peak memory is measured in fresh processes.",
+    "bucket_row_len": "protocol §7.3: eval books joined with EOS in rows this long, PPL per position bucket; 0 = skip.",
+    "bucket_width": "Positions per bucket of --bucket_row_len rows.",
+})
+RUN_SKIP = ("text", "long_eval", "spec", "official_gate")
+RUN_PARSERS = {"init_official": _path}
+dataclass_flags.define(p2_lm.P2LMCfg, skip=RUN_SKIP, parsers=RUN_PARSERS, module_name=__name__, helps={
+    "variant": "The report's name of this model (e.g. rotation, no_rotation).",
+    "init_official": "Evaluate an official Mamba-3 checkpoint: its safetensors file or folder with upstream's "
+                     "config.json beside it, which gives the model (model flags given must agree; --a_activation is "
+                     "the decay's: heavy, or softplus for weights before mamba_ssm c69aaab). No training. Empty: none.",
+})
+GATE_NAMES = {"published": "official_ppl", "window": "official_ppl_window", "tolerance": "official_ppl_tolerance"}
+GATE_PARSERS = {"window": _count}
+dataclass_flags.define(NativePPLGate, names=GATE_NAMES, parsers=GATE_PARSERS, module_name=__name__, helps={
+    "published": "--init_official: the published native PPL at --official_ppl_window; the run stops before any "
+                 "intervention unless the converted checkpoint measures it within the tolerance.",
+    "window": "--init_official: the window size of --official_ppl (default: the first of --lm_windows).",
+    "tolerance": "--init_official: allowed |measured / published - 1|.",
+})
 
 FLAGS = flags.FLAGS
 GROUPS_READ = ("run", "lr", "model", "optim", "mesh", "loop", "seq_len", "tokenizer")
-
-
-def _ints(name: str) -> tuple:
-    try:
-        return tuple(int(v) for v in FLAGS[name].value)
-    except ValueError:
-        raise ConfigError(f"--{name}={','.join(FLAGS[name].value)}: expected comma-separated integers") from None
 
 
 def config_from_flags() -> p2_lm.P2LMCfg:
@@ -84,26 +110,18 @@ def config_from_flags() -> p2_lm.P2LMCfg:
     lr = tf.one_lr("p2_lm", default=1e-3 if official else None)
     if official and FLAGS.steps is not None:
         raise ConfigError("--init_official evaluates a converted checkpoint without training; drop --steps")
-    text = p2_lm.TextCfg(corpus=FLAGS.corpus, eval_corpus=FLAGS.eval_corpus, eval_split=FLAGS.eval_split,
-                         tokenizer=FLAGS.tokenizer, tfds_data_dir=FLAGS.tfds_data_dir, text_key=FLAGS.text_key,
-                         seq_len=FLAGS.seq_len, batch=batch, eval_batch=FLAGS.eval_batch,
-                         max_train_tokens=FLAGS.max_train_tokens or None, max_valid_tokens=FLAGS.max_valid_tokens or None,
-                         max_eval_books=FLAGS.max_eval_books or None, cache_dir=FLAGS.token_cache_dir or None)
-    long_eval = LongEvalCfg(windows=_ints("lm_windows"), score_last=FLAGS.score_last, piece_len=FLAGS.piece_len,
-                            batch=FLAGS.window_batch, interventions=tuple(FLAGS.lm_interventions),
-                            bc_window=FLAGS.bc_window or None, heatmap_window=FLAGS.heatmap_window or None,
-                            diag_len=FLAGS.diag_len, diag_skip=FLAGS.diag_skip, diag_short=FLAGS.diag_short,
-                            diag_books=FLAGS.diag_books, trajectory_len=FLAGS.trajectory_len,
-                            memory_windows=_ints("memory_windows"), bucket_row_len=FLAGS.bucket_row_len,
-                            bucket_width=FLAGS.bucket_width, shuffle_seed=FLAGS.seed,
-                            pseudo_books=FLAGS.pseudo_books, curve_windows=_ints("window_curve_windows"),
-                            curve_every=FLAGS.window_curve_every)
+    seed = tf.grid().seed
+    text = dataclass_flags.build(p2_lm.TextCfg, p2_lm.TextCfg(tokenizer=FLAGS.tokenizer, seq_len=FLAGS.seq_len,
+                                                              batch=batch),
+                                 skip=TEXT_SKIP, names=TEXT_NAMES, parsers=TEXT_PARSERS)
+    long_eval = dataclass_flags.build(LongEvalCfg, LongEvalCfg(shuffle_seed=seed), skip=EVAL_SKIP, names=EVAL_NAMES,
+                                      parsers=EVAL_PARSERS)
     model, gate = (_official(official, long_eval) if official else (tf.model_cfg(), None))
-    spec = RunSpec(model=model, optim=tf.optim_cfg(lr, steps or 1), mesh=tf.mesh_cfg(), grid=Grid(seed=FLAGS.seed),
+    spec = RunSpec(model=model, optim=tf.optim_cfg(lr, steps or 1), mesh=tf.mesh_cfg(), grid=Grid(seed=seed),
                    loop=None if official else tf.loop_cfg(steps, name="p2_lm"), preset=tf.preset())
-    cfg = p2_lm.P2LMCfg(text=text, long_eval=long_eval, spec=spec, variant=FLAGS.variant, init_official=official,
-                        official_gate=gate)
-    cfg = cfg.validate()
+    cfg = dataclass_flags.build(p2_lm.P2LMCfg, p2_lm.P2LMCfg(text=text, long_eval=long_eval, spec=spec,
+                                                             official_gate=gate), skip=RUN_SKIP,
+                                parsers=RUN_PARSERS)
     if not official and not _dry_run():  # a dry run describes flag files whose corpus is not here
         _check_train_split(cfg.text)
     return cfg
@@ -131,13 +149,14 @@ def _official(path: str, long_eval: LongEvalCfg):
     if tf.preset() is not None:
         raise ConfigError(f"--preset={FLAGS.preset} with --init_official: the checkpoint's config.json gives the "
                           "model; expected no --preset")
-    window = FLAGS.official_ppl_window or long_eval.validate().windows[0]
+    given_gate = dataclass_flags.overrides(NativePPLGate, names=GATE_NAMES, parsers=GATE_PARSERS)
+    given_gate["window"] = given_gate.get("window") or long_eval.windows[0]
     gate = None
-    if FLAGS.official_ppl is not None:
-        gate = NativePPLGate(FLAGS.official_ppl, window, FLAGS.official_ppl_tolerance).validate(long_eval)
+    if "published" in given_gate:
+        gate = NativePPLGate(**given_gate).validate(long_eval)
     elif not _dry_run():
         raise ConfigError("--init_official needs --official_ppl: the published native PPL at window "
-                          f"{window} (--official_ppl_window), which the converted checkpoint must reproduce "
+                          f"{given_gate['window']} (--official_ppl_window), which the converted checkpoint must reproduce "
                           "before any intervention is measured")
     given = dataclass_flags.overrides(ModelCfg)
     if cv.read_config(path) is None:

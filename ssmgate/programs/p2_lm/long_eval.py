@@ -39,11 +39,11 @@ CELLS_FILE = "long_eval_cells.jsonl"
 
 @dataclasses.dataclass(frozen=True)
 class LongEvalCfg:
-    windows: tuple = (512, 1024, 2048, 4096, 8192)   # C: window sizes of protocol §7.2
+    windows: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)   # C: window sizes of protocol §7.2
     score_last: int = lc.SCORE_LAST
     piece_len: int = 1024          # tokens per forward piece (the cache carries the state between pieces)
     batch: int = 8                 # windows per forward
-    interventions: tuple = ()      # of PHASE_KINDS, each at every C
+    interventions: tuple[str, ...] = ()  # of PHASE_KINDS, each at every C
     bc_window: Optional[int] = None       # C of the remove_B / remove_C / remove_both table; None = skip
     heatmap_window: Optional[int] = None  # C of the layer-window phase-removal heat map; None = skip
     diag_len: int = 0              # state diagnostics over the first diag_len tokens of books this long; 0 = skip
@@ -51,12 +51,12 @@ class LongEvalCfg:
     diag_short: int = 0            # the shorter diagnostics span [diag_skip, diag_short) (protocol §8.3: 16000)
     diag_books: int = 4            # at most this many books for the diagnostics
     trajectory_len: int = 0        # phase-trajectory figure over this many tokens of the longest book; 0 = skip
-    memory_windows: tuple = ()     # window lengths whose peak memory is measured in a fresh process
+    memory_windows: tuple[int, ...] = ()  # window lengths whose peak memory is measured in a fresh process
     bucket_row_len: int = 0        # protocol §7.3: the books joined with EOS, cut into rows this long; 0 = skip
     bucket_width: int = 1024       # ... and the PPL per bucket of this many positions
     shuffle_seed: int = 0
     pseudo_books: int = 0          # > 0: windows on at most this many pseudo-books (lc.pseudo_books); 0 = the books
-    curve_windows: tuple = ()      # window sizes measured along training (P2 Figs 8-9); () = none
+    curve_windows: tuple[int, ...] = ()  # window sizes measured along training (P2 Figs 8-9); () = none
     curve_every: int = 0           # ... every this many steps (a multiple of eval_every; 0 = at every evaluation)
 
     def validate(self) -> "LongEvalCfg":

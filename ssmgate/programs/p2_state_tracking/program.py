@@ -59,10 +59,10 @@ class StateTrackingCfg:
     data: st.StateTrackDataCfg
     spec: RunSpec                    # its model: the shared width/depth (each row swaps block/transition);
                                      # its grid: learning rates x seeds; its stop rule: --stop_thr on accuracy
-    models: tuple = TABLE_MODELS + ("underdamped_companion",)
+    models: tuple[str, ...] = TABLE_MODELS + ("underdamped_companion",)
     val_n: int = 2048
     test_n: int = 8192
-    test_lens: tuple = (224, 256)
+    test_lens: tuple[int, ...] = (224, 256)
     len_quantum: int = 32            # training batches padded to a multiple of this >= L_max(step) (0: max_len)
     len_buckets: bool = False        # pad each batch to its length bucket's top instead (st.length_bucket)
 

@@ -7,23 +7,23 @@ from __future__ import annotations
 
 from absl import flags
 
+from ssmgate.cli import dataclass_flags
 from ssmgate.programs.p2_theory import program as p2_theory
 
-flags.DEFINE_integer("theory_draws", 1000, "Random draws per linear-attention family of P2 Table 8 (check C5 of "
-                     "protocol §9: 1,000).")
-flags.DEFINE_integer("theory_key_dim", 4, "Key dimension d of the d x d families' draws (>= 2).")
-flags.DEFINE_integer("theory_gain_steps", 5000, "Steps of the simulated rotating accumulator (check C4: 5,000).")
-flags.DEFINE_integer("theory_seed", 0, "Seed of the random draws.")
-flags.DEFINE_boolean("theory_figure", True, "Draw the families' spectra and damping ratios (spectra.png).")
+dataclass_flags.define(p2_theory.TheoryCfg, prefix="theory_", module_name=__name__, helps={
+    "draws": "Random draws per linear-attention family of P2 Table 8 (check C5 of protocol §9: 1,000).",
+    "key_dim": "Key dimension d of the d x d families' draws (>= 2).",
+    "gain_steps": "Steps of the simulated rotating accumulator (check C4: 5,000).",
+    "seed": "Seed of the random draws.",
+    "figure": "Draw the families' spectra and damping ratios (spectra.png).",
+})
 
 FLAGS = flags.FLAGS
 GROUPS_READ = ()
 
 
 def config_from_flags() -> p2_theory.TheoryCfg:
-    return p2_theory.TheoryCfg(draws=FLAGS.theory_draws, key_dim=FLAGS.theory_key_dim,
-                               gain_steps=FLAGS.theory_gain_steps, seed=FLAGS.theory_seed,
-                               figure=FLAGS.theory_figure).validate()
+    return dataclass_flags.build(p2_theory.TheoryCfg, prefix="theory_")
 
 
 def describe(cfg: p2_theory.TheoryCfg) -> str:

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 from absl import flags
 
-from ssmgate.cli import training_flags as tf
+from ssmgate.cli import dataclass_flags, training_flags as tf
 from ssmgate.config_error import ConfigError
 from ssmgate.programs.train_lm import program as train_lm
 from ssmgate.tasks import synthetic_lm
+from ssmgate.train import sweep
 
-flags.DEFINE_integer("eval_batches", 4, "Batches of the fixed evaluation set.")
-flags.DEFINE_boolean("sweep", False, "Train as a vmapped sweep even with one replica.")
-flags.DEFINE_string("stop_metric", "seq_accuracy", "Eval metric of the sweep's escape and early-stop rules.")
+# The program's own fields (TrainLMCfg's) and the metric of its stop rule (StopRule.metric).
+RUN_SKIP, RUN_NAMES = ("task", "spec"), {"force_sweep": "sweep"}
+dataclass_flags.define(train_lm.TrainLMCfg, skip=RUN_SKIP, names=RUN_NAMES, module_name=__name__, helps={
+    "eval_batches": "Batches of the fixed evaluation set.",
+    "force_sweep": "Train as a vmapped sweep even with one replica."})
+dataclass_flags.define(sweep.StopRule, skip=("escape_thr", "stop_thr"), names={"metric": "stop_metric"},
+                       module_name=__name__, helps={"metric": "Eval metric of the sweep's escape and early-stop rules."})
 
 FLAGS = flags.FLAGS
 GROUPS_READ = ("run", "seeds", "lr", "gate_offset", "model", "optim", "mesh", "loop", "stop", "seq_len", "task")
@@ -20,7 +25,8 @@ GROUPS_READ = ("run", "seeds", "lr", "gate_offset", "model", "optim", "mesh", "l
 
 def config_from_flags() -> train_lm.TrainLMCfg:
     batch = tf.require("batch", "train")
-    spec = tf.run_spec("train", metric=FLAGS.stop_metric, lr_sweep=True)  # each replica its own lr
+    metric = FLAGS.stop_metric or sweep.StopRule().metric
+    spec = tf.run_spec("train", metric=metric, lr_sweep=True)  # each replica its own lr
     task_name = FLAGS.task or "copy"
     if task_name not in synthetic_lm.TASKS:
         raise ConfigError(f"--task={task_name}: expected one of {', '.join(synthetic_lm.TASKS)} for --program=train")
@@ -28,8 +34,8 @@ def config_from_flags() -> train_lm.TrainLMCfg:
         task = synthetic_lm.SyntheticCfg(task_name, batch, FLAGS.seq_len, spec.model.vocab_size).validate()
     except ValueError as e:
         raise ConfigError(f"--{e}" if not str(e).startswith("--") else str(e)) from None
-    return train_lm.TrainLMCfg(task=task, spec=spec, eval_batches=FLAGS.eval_batches,
-                               force_sweep=FLAGS.sweep).validate()
+    return dataclass_flags.build(train_lm.TrainLMCfg, train_lm.TrainLMCfg(task=task, spec=spec), skip=RUN_SKIP,
+                                 names=RUN_NAMES)
 
 
 def describe(cfg) -> str:
