@@ -25,6 +25,7 @@ second of one device, the same losses to float32 rounding).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -69,10 +70,13 @@ def program_flags(name: str) -> set[str]:
     return {n for names in registry.flag_names(name).values() for n in names}
 
 
-def resolved_flags() -> str:
-    """main's flags and those of the chosen program with their final values, one `--name=value` per line."""
+def resolved_flags(settled: dict | None = None) -> str:
+    """main's flags and those of the chosen program that have a value, one `--name=value` per line; `settled`:
+    {name: value} the run decided itself (an extension's --schedule_steps)."""
     names = set(MAIN_FLAGS) | program_flags(FLAGS.program)
-    return "\n".join(FLAGS[n].serialize() for n in sorted(names) if FLAGS[n].value is not None) + "\n"
+    values = {n: FLAGS[n].serialize() for n in names if FLAGS[n].value is not None}
+    values.update({n: f"--{n}={v}" for n, v in (settled or {}).items()})
+    return "\n".join(values[n] for n in sorted(values)) + "\n"
 
 
 def unread_flags(name: str) -> list[str]:
@@ -241,31 +245,37 @@ def _optim(cfg):
     return getattr(getattr(cfg, "spec", None), "optim", None)
 
 
-def _extension(program, cfg, rd):
-    """(cfg on the schedule the run trains on, note) for a rerun of a run with checkpoints
-    (ssmgate.cli.extension), or (cfg, None) when the flags alone decide. Keeping the checkpoint's
-    optimizer state changes no trained step, and added steps run at the schedule's end value."""
+def _on_schedule(cfg, steps: int):
+    """cfg with its run spec's optimizer on a schedule of `steps` steps."""
+    spec = cfg.spec
+    return dataclasses.replace(cfg, spec=dataclasses.replace(
+        spec, optim=dataclasses.replace(spec.optim, total_steps=steps))).validate()
+
+
+def _extension(cfg, rd):
+    """(cfg on the schedule the run trains on, note, the flags.txt lines it settles) for a rerun of a run with
+    checkpoints (ssmgate.cli.extension), or (cfg, None, {}) when the flags alone decide. Keeping the
+    checkpoint's optimizer state changes no trained step, and added steps run at the schedule's end value."""
     old = rd.file("flags.txt")
     if FLAGS["schedule_steps"].present or _optim(cfg) is None or not old.exists() \
             or not any(rd.file("checkpoints").glob("[0-9]*")):
-        return cfg, None
+        return cfg, None, {}
     schedule = extension.schedule_of_rerun(old.read_text(), str(old), FLAGS.steps)
     if schedule is None:
-        return cfg, None
-    FLAGS.schedule_steps = schedule.steps
-    cfg = program.config_from_flags()
+        return cfg, None, {}
+    cfg, settled = _on_schedule(cfg, schedule.steps), {"schedule_steps": schedule.steps}
     opt = _optim(cfg)
     floor = opt.lr * opt.final_lr_frac
     if schedule.resumed:
         return cfg, (f"resuming the run extended to --steps={FLAGS.steps} on the schedule it trained with "
-                     f"(--schedule_steps={schedule.steps}, from {old})")
+                     f"(--schedule_steps={schedule.steps}, from {old})"), settled
     if floor == 0:
         raise ConfigError(f"--steps: {schedule.extends_from} -> {FLAGS.steps} extends a run whose schedule ends at "
                           f"lr 0 (--opt_final_lr_frac={opt.final_lr_frac:g}): the added steps would not train; "
                           f"expected a new --run_dir for a longer schedule")
     return cfg, (f"extending the run from --steps={schedule.extends_from} to {FLAGS.steps} on the schedule it "
                  f"trained with (--schedule_steps={schedule.steps}): steps after {schedule.steps} run at its final "
-                 f"lr {floor:.3g}")
+                 f"lr {floor:.3g}"), settled
 
 
 def _run(program, cfg, rd) -> None:
@@ -277,10 +287,10 @@ def _run(program, cfg, rd) -> None:
     from ssmgate.train.loop import TrainingDiverged
     from ssmgate.train.preemption import EXIT_PREEMPTED, Preempted
     main_process = jax.process_index() == 0
-    cfg, note = _extension(program, cfg, rd)
+    cfg, note, settled = _extension(cfg, rd)
     if note and main_process:
         print(f"[ssmgate] {note}", flush=True)
-    flags_text, old = resolved_flags(), rd.file("flags.txt")
+    flags_text, old = resolved_flags(settled), rd.file("flags.txt")
     old_text = old.read_text() if main_process and old.exists() else None
     if main_process:
         rd.stage("flags.txt", flags_text)
