@@ -24,7 +24,7 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 
 # The test command of the README (and of .ci/run): the fast suite, one file per worker process
 # (the suite is mostly XLA compilation, single-threaded, which tests/conftest.py makes cheaper: LLVM -O0 and a
-# persistent compilation cache per worker; docs/README.md has its measured time on 2 cores).
+# persistent compilation cache per worker; docs/benchmarks.md has its measured time on 2 cores).
 TEST_WORKERS ?= 2
 test: venv
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile

@@ -81,7 +81,7 @@ def resolved_flags(settled: dict | None = None) -> str:
 
 def unread_flags(name: str) -> list[str]:
     """The ssmgate flags given (on the command line or in a flag file) that --program=name does not read."""
-    allowed = set(MAIN_FLAGS) | program_flags(name)
+    allowed = set(MAIN_FLAGS) | program_flags(name) | set(registry.old_flag_names(name))
     given = {f.name for module, module_flags in FLAGS.flags_by_module_dict().items()
              if module.startswith("ssmgate.") for f in module_flags if f.present}
     return sorted(given - allowed)
@@ -106,7 +106,15 @@ def program_help(name: str | None) -> str:
     for group, names in registry.flag_names(name).items():
         title = f"{name}'s own flags:" if group == "own" else f"shared flags, group {group}:"
         text += ["", title, *lines(names)]
+    old = registry.old_flag_names(name)
+    if old:
+        text += ["", "old names, still read:", *(f"  --{o}: now --{n}" for o, n in sorted(old.items()))]
     return "\n".join(text)
+
+
+def old_names_given(name: str) -> list[str]:
+    """'--old (now --new)' for each old flag name the command or its flag files used."""
+    return [f"--{o} (now --{n})" for o, n in sorted(registry.old_flag_names(name).items()) if FLAGS[o].present]
 
 
 def fail(message: str, status: int) -> None:
@@ -189,6 +197,10 @@ def _main(argv):
             f"--{n} is not a flag of --program={FLAGS.program}"
             + (f" (it is one of {', '.join(_readers(n))})" if _readers(n) else "") for n in unread)
             + f"; `python -m ssmgate.main --program={FLAGS.program} --help` lists its flags")
+    old = old_names_given(FLAGS.program)
+    if old:  # still read; the new names are what --help and flags.txt show
+        print(f"[ssmgate] old flag names, still read: {', '.join(old)}; flag files should use the new names",
+              file=sys.stderr, flush=True)
     program = PROGRAMS[FLAGS.program].flags
     if FLAGS.cpu_devices is not None:
         try:

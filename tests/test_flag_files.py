@@ -102,7 +102,7 @@ def test_scaled_file_builds_on_its_paper_file(path):
         assert not differs, f"{rel(path)} does not set what {rel(paper)} adds to its seed-0 file: {differs}"
         return
     raise AssertionError(f"{rel(path)} does not include {rel(paper)} (a flag it must not inherit is reset by "
-                         "its empty or default value: --preset=, --token_cache_dir=, --max_valid_tokens=0)")
+                         "its empty or default value: --preset=, --lm_token_cache_dir=, --lm_max_valid_tokens=0)")
 
 
 @pytest.mark.parametrize("path", SCALED, ids=rel)

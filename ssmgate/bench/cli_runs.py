@@ -61,7 +61,7 @@ def bench_runs(cfg: ModelCfg, task: SyntheticCfg, lrs: Sequence[float], offsets:
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
         root = Path(tmp)
         sweep_wall, sweep_summary = _launch(
-            base + ["--sweep", "--lr=" + ",".join(f"{lr:g}" for lr in lrs),
+            base + ["--train_sweep", "--lr=" + ",".join(f"{lr:g}" for lr in lrs),
                     "--gate_offset=" + ",".join(f"{o:g}" for o in offsets)], root / "sweep", log)
         walls, losses, loops = [], [], []
         # sweep.grid's order: offsets outermost, then learning rates (one seed)

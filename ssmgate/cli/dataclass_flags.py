@@ -7,7 +7,8 @@ its values), Optional[...] of those, tuple[int | float | str, ...] (a comma-sepa
 tuple of (lo, hi) pairs written `lo:hi,lo:hi`. A field with its own syntax (a grid, 'uniform', a range)
 names a parser `parse(flag, text) -> value` in `parsers`; its flag is a string and a ValueError of the
 parser is the error (prefixed with '--flag=text: ' unless it names the flag itself). A ValueError
-'field=value: ...' of the config's validate() is reported as '--<flag>=value: ...'.
+'field=value: ...' of the config's validate() is reported as '--<flag>=value: ...'. A flag renamed keeps its
+old name as an alias (`keep_old_names`), so flag files written before still run.
 """
 from __future__ import annotations
 
@@ -23,6 +24,15 @@ from ssmgate.config_error import ConfigError
 FLAGS = flags.FLAGS
 _DEFINE = {int: flags.DEFINE_integer, float: flags.DEFINE_float, bool: flags.DEFINE_boolean, str: flags.DEFINE_string}
 _ITEMS = {int: "integers", float: "numbers", str: "names"}
+RENAMED: dict[str, str] = {}   # old flag name -> its name now, for every flag renamed
+
+
+def keep_old_names(old_to_new: dict, module_name: str) -> None:
+    """Each old name becomes an alias of the flag's name now: a flag file that uses it still sets the flag
+    (ssmgate.main says which name to write instead)."""
+    for old, new in old_to_new.items():
+        flags.DEFINE_alias(old, new, module_name=module_name)
+        RENAMED[old] = new
 
 
 def _kind(hint) -> tuple:

@@ -79,9 +79,20 @@ def define_all_flags() -> None:
 
 
 def flag_names(name: str) -> dict[str, list[str]]:
-    """{group: flag names} that --program=name reads: 'own' (its flags module's), then its groups."""
-    from absl import flags
-    from ssmgate.cli import training_flags
+    """{group: flag names} that --program=name reads: 'own' (its flags module's), then its groups; old
+    names of renamed flags aside (old_flag_names)."""
+    from ssmgate.cli import dataclass_flags, training_flags
     module = PROGRAMS[name].flags
-    own = sorted(f.name for f in flags.FLAGS.get_flags_for_module(module.__name__))
+    own = sorted(n for n in _module_flags(module) if n not in dataclass_flags.RENAMED)
     return {"own": own, **{g: list(training_flags.GROUPS[g]) for g in module.GROUPS_READ}}
+
+
+def old_flag_names(name: str) -> dict[str, str]:
+    """{old name: name now} of --program=name's renamed flags, still read."""
+    from ssmgate.cli import dataclass_flags
+    return {n: dataclass_flags.RENAMED[n] for n in _module_flags(PROGRAMS[name].flags) if n in dataclass_flags.RENAMED}
+
+
+def _module_flags(module) -> list[str]:
+    from absl import flags
+    return sorted(f.name for f in flags.FLAGS.get_flags_for_module(module.__name__))

@@ -3,7 +3,7 @@ of <book_id>.txt), preparing the `array_record` files that `text_corpus.tfds_tex
 neither TensorFlow nor network:
 
     python -m ssmgate.tasks.pg19_builder --root=/data/pg19 --data_dir=/data/tfds
-    ... then --corpus=tfds:pg19_folder#book_text --tfds_data_dir=/data/tfds (or pg19:/data/pg19 directly)
+    ... then --lm_corpus=tfds:pg19_folder#book_text --lm_tfds_data_dir=/data/tfds (or pg19:/data/pg19 directly)
 
 The books are read by `text_corpus.pg19_folder`, so the layout checks and the text (stripped, as the
 official `pg19` builder does) are the same as the direct reader's; the features are the official
@@ -56,7 +56,7 @@ class Pg19Folder(tfds.core.GeneratorBasedBuilder):
 
 
 def prepare(root, data_dir) -> str:
-    """Prepares the dataset from `root` under `data_dir`; returns the --corpus spelling that reads it."""
+    """Prepares the dataset from `root` under `data_dir`; returns the --lm_corpus spelling that reads it."""
     Pg19Folder(root=root, data_dir=str(data_dir), file_format="array_record").download_and_prepare()
     return f"tfds:{NAME}#book_text"
 
@@ -66,8 +66,8 @@ def main(argv):
     if not flags.FLAGS.root or not flags.FLAGS.data_dir:
         raise app.UsageError("--root and --data_dir are required")
     spec = prepare(flags.FLAGS.root, flags.FLAGS.data_dir)
-    print(f"[pg19_builder] prepared {NAME} under {flags.FLAGS.data_dir}: use --corpus={spec} "
-          f"--tfds_data_dir={flags.FLAGS.data_dir}")
+    print(f"[pg19_builder] prepared {NAME} under {flags.FLAGS.data_dir}: use --lm_corpus={spec} "
+          f"--lm_tfds_data_dir={flags.FLAGS.data_dir}")
 
 
 if __name__ == "__main__":  # the flags exist only for this command, not for importers

@@ -59,7 +59,7 @@ def test_end_to_end_runs_train_the_sweeps_models_in_separate_processes(tmp_path)
 
 def test_end_to_end_runs_that_train_other_models_than_the_sweep_are_an_error(monkeypatch, tmp_path):
     def fake_launch(flags, run_dir, log):
-        sweep = "--sweep" in flags
+        sweep = "--train_sweep" in flags
         return 1.0, {"final": {"loss": [1.0, 2.0] if sweep else 1.5}, "steps": 4, "wall_s": 0.5}
     monkeypatch.setattr(cli_runs, "_launch", fake_launch)
     with pytest.raises(RuntimeError, match="did not train the same models"):

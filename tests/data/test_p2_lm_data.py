@@ -21,7 +21,7 @@ def test_the_training_stream_is_the_packers_and_is_cached_once(tmp_path, monkeyp
     assert (tmp_path / "cache" / "embedded_validation_byte.npy").is_file()  # validation: as before
     monkeypatch.setattr(prep, "tokenize_piece", lambda *a: pytest.fail("a cached prepare tokenized again"))
     assert len(p2_lm.load_text(cfg, 258).train) == 20_000
-    with pytest.raises(ConfigError, match=r"--token_cache_dir: .*already prepared with max_tokens=20000 \(not 30000\)"):
+    with pytest.raises(ConfigError, match=r"--lm_token_cache_dir: .*already prepared with max_tokens=20000 \(not 30000\)"):
         p2_lm.load_text(p2_lm.TextCfg(max_train_tokens=30_000, cache_dir=cfg.cache_dir), 258)
 
 

@@ -33,13 +33,13 @@ def refusals(tmp_path_factory):
         "wandb": ([*TINY, "--steps=2", "--wandb_project=p"], NO_WANDB,
                   "[ssmgate] --wandb_project=p needs the wandb package (pip install wandb)"),
         "mesh": ([*TINY, "--steps=2", "--mesh_data=2"], None, "--mesh_data=2"),
-        "empty_split": (["--flagfile=experiments/p2/quick/lm_rope0.flags", f"--corpus=files:{root}/corpus/{{split}}/*.txt"],
-                        None, f"[ssmgate] --corpus=files:{root}/corpus/{{split}}/*.txt: the train split is empty "
+        "empty_split": (["--flagfile=experiments/p2/quick/lm_rope0.flags", f"--lm_corpus=files:{root}/corpus/{{split}}/*.txt"],
+                        None, f"[ssmgate] --lm_corpus=files:{root}/corpus/{{split}}/*.txt: the train split is empty "
                               "(1 parts, 0 bytes of text)"),
-        "no_split": (["--flagfile=experiments/p2/quick/lm_rope0.flags", f"--corpus=files:{root}/none/{{split}}/*.txt"],
+        "no_split": (["--flagfile=experiments/p2/quick/lm_rope0.flags", f"--lm_corpus=files:{root}/none/{{split}}/*.txt"],
                      None, f"no file matches the glob '{root}/none/train/*.txt'"),
-        "official": (["--flagfile=experiments/p2/interventions_official_siso.flags", f"--init_official={official}",
-                      "--official_ppl=10"], None, "config.json d_model='64' is a string; expected an integer"),
+        "official": (["--flagfile=experiments/p2/interventions_official_siso.flags", f"--lm_init_official={official}",
+                      "--lm_official_ppl=10"], None, "config.json d_model='64' is a string; expected an integer"),
         "lr0_first": ([*TINY, "--steps=2", "--opt_final_lr_frac=0"], None, None),
         "lr0_extend": ([*TINY, "--steps=4", "--opt_final_lr_frac=0"], None,
                        "extends a run whose schedule ends at lr 0 (--opt_final_lr_frac=0)"),

@@ -38,21 +38,21 @@ def read_csv(path):
 
 
 @pytest.mark.parametrize("panel, change, flag", [
-    ("a", {"panel": "e"}, "--panel"),
-    ("a", {"alpha0": (0.1, 1.5)}, "--alpha0=1.5"),
-    ("a", {"alpha0": ()}, "--alpha0"),
-    ("a", {"delta": 5}, "--query_distance=5"),
-    ("a", {"delta": None}, "--query_distance"),
-    ("a", {"eps": -0.1}, "--eps=-0.1"),
-    ("a", {"eps": 0.5}, "--eps=0.5"),
-    ("a", {"P": 3}, "--P=3"),
+    ("a", {"panel": "e"}, "--fig1_panel"),
+    ("a", {"alpha0": (0.1, 1.5)}, "--fig1_alpha0=1.5"),
+    ("a", {"alpha0": ()}, "--fig1_alpha0"),
+    ("a", {"delta": 5}, "--fig1_query_distance=5"),
+    ("a", {"delta": None}, "--fig1_query_distance"),
+    ("a", {"eps": -0.1}, "--fig1_eps=-0.1"),
+    ("a", {"eps": 0.5}, "--fig1_eps=0.5"),
+    ("a", {"P": 3}, "--fig1_P=3"),
     ("a", {"lr": 0.0}, "--lr=0.0"),
     ("a", {"steps": 0}, "--steps=0"),
-    ("c", {"tau": (4.0, 0.0)}, "--tau=0.0"),
-    ("c", {"n_test": 0}, "--n_test=0"),
-    ("c", {"eval_delta": (1, 33)}, "--eval_distances=33"),
-    ("c", {"eval_delta": ()}, "--eval_distances"),
-    ("c", {"train_query": "sometimes"}, "--train_query=sometimes"),
+    ("c", {"tau": (4.0, 0.0)}, "--fig1_tau=0.0"),
+    ("c", {"n_test": 0}, "--fig1_n_test=0"),
+    ("c", {"eval_delta": (1, 33)}, "--fig1_eval_distances=33"),
+    ("c", {"eval_delta": ()}, "--fig1_eval_distances"),
+    ("c", {"train_query": "sometimes"}, "--fig1_train_query=sometimes"),
 ])
 def test_bad_configuration_names_the_flag_and_the_range(panel, change, flag):
     with pytest.raises(p1_fig1.ConfigError) as err:
@@ -64,18 +64,18 @@ def test_bad_configuration_names_the_flag_and_the_range(panel, change, flag):
 def test_grid_parser():
     assert parse_grid("alpha0", "0.1, 0.2") == (0.1, 0.2)
     np.testing.assert_allclose(parse_grid("tau", "logspace:0:2:3,1e6"), [1, 10, 100, 1e6])
-    with pytest.raises(ValueError, match="--tau: cannot read 'logspace:1'"):
-        parse_grid("tau", "logspace:1")
-    with pytest.raises(ValueError, match="--alpha0: cannot read 'abc'"):
-        parse_grid("alpha0", "abc")
+    with pytest.raises(ValueError, match="--fig1_tau: cannot read 'logspace:1'"):
+        parse_grid("fig1_tau", "logspace:1")
+    with pytest.raises(ValueError, match="--fig1_alpha0: cannot read 'abc'"):
+        parse_grid("fig1_alpha0", "abc")
 
 
 BAD_FLAGS = [
-    (["--alpha0=0.5,1.2"], "--alpha0=1.2: expected values in (0, 1)"),
-    (["--panel=x"], "--panel=x: expected one of a, b, c, d"),
-    (["--ell=2"], "--query_distance=4: expected an integer in [1, ell=2]"),
-    (["--eps=-0.2"], "--eps=-0.2: expected a label-flip probability in (0, 0.5)"),
-    (["--query_distance=near"], "--query_distance=near: expected an integer distance"),
+    (["--fig1_alpha0=0.5,1.2"], "--fig1_alpha0=1.2: expected values in (0, 1)"),
+    (["--fig1_panel=x"], "--fig1_panel=x: expected one of a, b, c, d"),
+    (["--fig1_ell=2"], "--fig1_query_distance=4: expected an integer in [1, ell=2]"),
+    (["--fig1_eps=-0.2"], "--fig1_eps=-0.2: expected a label-flip probability in (0, 0.5)"),
+    (["--fig1_query_distance=near"], "--fig1_query_distance=near: expected an integer distance"),
 ]
 
 

@@ -155,9 +155,9 @@ def parse():
     (["--kv_q=0"], "--kv_q=0.0: expected a query ratio in (0, 1]"),
     (["--vocab_size=8"], "--vocab_size=8: expected >= 13"),
     (["--kv_buckets=5"], "--kv_buckets=5: expected an integer in 1..--kv_n_max=4"),
-    (["--lengen_ns=8"], "--lengen_ns=8: length generalisation is evaluated for --kv_query=best_last only"),
-    (["--kv_query=best_last", "--lengen_ns=8,x"], "--lengen_ns=8,x: cannot read 'x'"),
-    (["--kv_query=best_last", "--lengen_ns=64"], "--lengen_ns: 64: expected pair counts in 1..--kv_dict_size=32"),
+    (["--kv_lengen_ns=8"], "--kv_lengen_ns=8: length generalisation is evaluated for --kv_query=best_last only"),
+    (["--kv_query=best_last", "--kv_lengen_ns=8,x"], "--kv_lengen_ns=8,x: cannot read 'x'"),
+    (["--kv_query=best_last", "--kv_lengen_ns=64"], "--kv_lengen_ns: 64: expected pair counts in 1..--kv_dict_size=32"),
     (["--escape_thr=1.5"], "--escape_thr=1.5: expected a value of seq_accuracy in (0, 1)"),
     (["--stop_thr=0.5"], "--stop_thr=0.5: expected a value in [--escape_thr=0.95, 1]"),
     (["--eval_n=0"], "--eval_n=0: expected >= 1"),
@@ -170,7 +170,7 @@ def test_bad_flags_name_themselves(parse, args, message):
 
 
 def test_flags_build_the_sweep(parse):
-    cfg = parse("--gate_offset=-2,0,1", "--seeds=2", "--seed=3", "--kv_query=best_last", "--lengen_ns=4,8")
+    cfg = parse("--gate_offset=-2,0,1", "--seeds=2", "--seed=3", "--kv_query=best_last", "--kv_lengen_ns=4,8")
     assert [(r.offset, r.seed) for r in cfg.spec.replicas] == [(-2, 3), (-2, 4), (0, 3), (0, 4), (1, 3), (1, 4)]
     assert cfg.spec.stop.escape_thr == 0.95 and cfg.spec.stop.stop_thr == 0.99
     assert cfg.lengen_ns == (4, 8) and cfg.kv.batch == 4

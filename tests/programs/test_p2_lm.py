@@ -241,7 +241,7 @@ def test_host_batches_are_the_packers_batches_on_the_mesh():
     (dict(long_eval=dict(bucket_row_len=100, bucket_width=32)), "bucket_row_len=100: expected a multiple"),
     (dict(model=dict(vocab_size=200)), "the tokenizer 'byte' has 258 tokens"),
     (dict(loop=None), "expected exactly one of them"),
-    (dict(long_eval=dict(curve_windows=(64,), curve_every=3)), "window_curve_every=3: the curve is measured at "
+    (dict(long_eval=dict(curve_windows=(64,), curve_every=3)), "--lm_curve_every=3: the curve is measured at "
                                                                "evaluations; expected a multiple of --eval_every=2"),
     (dict(long_eval=dict(pseudo_books=-2)), "pseudo_books=-2: expected >= 0"),
 ])
@@ -321,7 +321,7 @@ def test_flag_files_dry_run():
     for path in paths[:4]:
         assert ("'data': 2" in results[path].stdout) == ("/cpu/" in path), (path, results[path].stdout[-500:])
     seed1, mimo, official = (results[paths[i]].stdout for i in (2, 3, 4))
-    bad, = run_many([["--flagfile=experiments/p2/quick/lm_rope05.flags", "--init_official=x.safetensors",
+    bad, = run_many([["--flagfile=experiments/p2/quick/lm_rope05.flags", "--lm_init_official=x.safetensors",
                       "--dry_run"]])
     assert "mimo_rank=4" in mimo and "chunk_size=16" in mimo and "official checkpoint" not in mimo
     assert "official checkpoint: checkpoints/mamba3_1p5b_mimo" in official and "published 21.12" in official

@@ -64,7 +64,7 @@ def test_window_books_of_the_evaluation():
         window_books(BOOKS[:1], ecfg, eos_id=257)
     with pytest.raises(ValueError, match="pseudo_books=-1"):
         LongEvalCfg(pseudo_books=-1).validate()
-    with pytest.raises(ValueError, match="window_curve_windows=16: expected sizes > score_last=100"):
+    with pytest.raises(ValueError, match="curve_windows=16: expected sizes > score_last=100"):
         LongEvalCfg(curve_windows=(16,)).validate()
 
 

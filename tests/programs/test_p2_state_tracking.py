@@ -83,7 +83,7 @@ def test_length_buckets_run_and_need_a_quantum(tmp_path):
     out = p2.run(cfg, tmp_path)
     assert set(out["scaled_accuracy"]["underdamped"]) == {"11", "13"}
     assert p2.describe(cfg).count("length bucket") == 1
-    with pytest.raises(p2.ConfigError, match="--len_buckets with --len_quantum=0: expected --len_quantum >= 1"):
+    with pytest.raises(p2.ConfigError, match="--st_len_buckets with --st_len_quantum=0: expected --st_len_quantum >= 1"):
         dataclasses.replace(cfg, len_quantum=0).validate()
     assert cfg.fingerprint("underdamped") != dataclasses.replace(cfg, len_buckets=False).fingerprint("underdamped")
 
@@ -102,6 +102,9 @@ def test_early_stopping_freezes_replicas_at_the_threshold(tmp_path):
     for bad in (0.0, 1.5):
         with pytest.raises(p2.ConfigError, match=f"--stop_thr={bad}: expected a value of accuracy in"):
             with_stop(cfg, bad).validate()
+    escaping = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, stop=sweep.StopRule("accuracy", 0.5, 0.9)))
+    with pytest.raises(p2.ConfigError, match="--escape_thr=0.5: state tracking has no escape step"):
+        escaping.validate()
 
 
 def test_rows_swap_only_the_transition():
@@ -119,10 +122,10 @@ def test_paper_flag_files_dry_run_and_bad_flags_name_themselves():
     files += [f"experiments/p2/{scale}/state_tracking_{task}.flags" for scale in ("cpu", "quick") for task in tasks]
     base = ["--program=p2_state_tracking", "--steps=5", "--batch=4", "--lr=1e-3", "--dry_run"]
     bad = ((["--task=copy"], "--task=copy: expected one of parity, mod3, arith"),
-           (["--task=parity", "--models=gru"], "--models=gru: expected some of"),
-           (["--task=arith", "--l_min=4"], "--l_min=4"),
-           (["--task=parity", "--l_max0=200"], "--l_max1=160: expected >= L_max0 = 200"),
-           (["--task=mod3", "--hold_steps=-1"], "--hold_steps=-1: expected >= 0"))
+           (["--task=parity", "--st_models=gru"], "--st_models=gru: expected some of"),
+           (["--task=arith", "--st_l_min=4"], "--st_l_min=4"),
+           (["--task=parity", "--st_l_max0=200"], "--st_l_max1=160: expected >= L_max0 = 200"),
+           (["--task=mod3", "--st_hold_steps=-1"], "--st_hold_steps=-1: expected >= 0"))
     dry = dry_run_flag_files(files)
     results = [dry[f] for f in files] + run_many([[*base, *extra] for extra, _ in bad])
     for path, res in zip(files, results):

@@ -40,7 +40,7 @@ def test_help_lists_the_flags_of_the_chosen_program_only():
     out = res.stdout
     assert "p1_kv's own flags:" in out and "  --kv_query:" in out and "  --gate_offset:" in out
     assert "  --lr:" in out and "  --run_dir:" in out and "  --opt_name:" in out
-    assert "--horn_K" not in out and "--panel" not in out and "--corpus" not in out
+    assert "--horn_K" not in out and "--fig1_panel" not in out and "--lm_corpus" not in out
     plain = subprocess.run([sys.executable, "-m", "ssmgate.main", "--help"], cwd=REPO, capture_output=True, text=True)
     assert plain.returncode == 0 and "Programs: p1_fig1, p1_kv" in plain.stdout and "--kv_query" not in plain.stdout
 
@@ -48,7 +48,7 @@ def test_help_lists_the_flags_of_the_chosen_program_only():
 def test_a_flag_the_program_does_not_read_is_an_error():
     bad, other, good = run_many([
         ["--program=p1_kv", "--steps=2", "--batch=2", "--lr=1e-3", "--horn_K=4", "--dry_run"],
-        ["--program=p1_fig1", "--panel=a", "--opt_name=adamw", "--dry_run"],
+        ["--program=p1_fig1", "--fig1_panel=a", "--opt_name=adamw", "--dry_run"],
         ["--program=p1_kv", "--steps=2", "--batch=2", "--lr=1e-3", "--kv_n_max=4", "--kv_buckets=2",
          "--dry_run"],
     ])
@@ -57,3 +57,31 @@ def test_a_flag_the_program_does_not_read_is_an_error():
     assert "--program=p1_kv --help` lists its flags" in bad.stderr
     assert other.returncode != 0 and "--opt_name is not a flag of --program=p1_fig1" in other.stderr
     assert good.returncode == 0, good.stderr[-2000:]
+
+
+def test_an_old_flag_name_still_sets_the_flag_and_main_names_the_new_one(tmp_path):
+    fig1 = ["--program=p1_fig1", "--lr=0.1", "--batch=4", "--steps=3", "--fig1_ell=4", "--fig1_query_distance=1",
+            "--fig1_alpha0=0.5", "--dry_run"]
+    new, old = run_many([fig1 + ["--fig1_panel=a", "--fig1_d=8", "--fig1_P=16"],
+                         fig1 + ["--panel=a", "--d=8", "--P=16"]])
+    assert new.returncode == 0 and old.returncode == 0, (new.stderr[-2000:], old.stderr[-2000:])
+    assert old.stdout == new.stdout and "d=8" in new.stdout and "P=16" in new.stdout
+    assert "old flag names, still read: --P (now --fig1_P), --d (now --fig1_d), --panel (now --fig1_panel)" \
+        in old.stderr and "old flag names" not in new.stderr
+    assert {"d": "fig1_d", "corpus": "lm_corpus"}.items() <= {**registry.old_flag_names("p1_fig1"),
+                                                              **registry.old_flag_names("p2_lm")}.items()
+    help_text = subprocess.run([sys.executable, "-m", "ssmgate.main", "--program=p1_fig1", "--help"], cwd=REPO,
+                               capture_output=True, text=True).stdout
+    assert "old names, still read:" in help_text and "  --d: now --fig1_d" in help_text
+    assert "  --fig1_d:" in help_text and "  --d:" not in help_text.split("old names")[0]
+
+
+def test_flags_txt_records_the_new_name_of_a_flag_given_by_its_old_one():
+    from absl.testing import flagsaver
+
+    import ssmgate.main as main
+    with flagsaver.flagsaver():
+        main.FLAGS["program"].parse("p1_fig1")
+        main.FLAGS["d"].parse("8")
+        text = main.resolved_flags()
+    assert "--fig1_d=8\n" in text and "--d=" not in text

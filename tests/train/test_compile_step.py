@@ -209,8 +209,8 @@ def test_the_command_compiles_an_official_checkpoints_intervention_forwards(tmp_
     config = up.make_config(dict(d_state=16, headdim=8), d_model=32, n_layer=2, vocab_size=258)
     ckpt = up.write_checkpoint(tmp_path / "ckpt", config, up.random_state_dict(config))
     out = tmp_path / "aot.json"
-    p = _aot("--flagfile=experiments/p2/interventions_official_siso.flags", f"--init_official={ckpt}",
-             "--tokenizer=byte", "--lm_windows=4096", "--bc_window=4096", "--piece_len=1024", "--window_batch=2",
+    p = _aot("--flagfile=experiments/p2/interventions_official_siso.flags", f"--lm_init_official={ckpt}",
+             "--tokenizer=byte", "--lm_windows=4096", "--lm_bc_window=4096", "--lm_piece_len=1024", "--lm_window_batch=2",
              "--topology=v5e-4", f"--aot_json={out}")
     assert p.returncode == 0, p.stderr[-3000:]
     assert "evaluation's forward pass" in p.stdout and "2 windows x 1024 tokens carrying the cache" in p.stdout

@@ -41,7 +41,7 @@ def test_headers_name_a_topology():
 @pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(REPO)) for p in FILES])
 def test_paper_flag_file_compiles_and_fits_on_its_slice(path):
     official = next((line.split("=", 1)[1] for line in path.read_text().splitlines()
-                     if line.startswith("--init_official=")), None)
+                     if line.startswith("--lm_init_official=")), None)
     if official is not None and convert_mamba3.read_config(REPO / official) is None:
         pytest.skip(f"the forward pass has the shape of the checkpoint's config.json: no checkpoint at {official}")
     p = subprocess.run([sys.executable, "-m", "ssmgate.aot", f"--flagfile={path}", *aot_args(path)],

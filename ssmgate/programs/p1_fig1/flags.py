@@ -1,5 +1,5 @@
-"""Flags of the P1 Figure 1 program (`--program=p1_fig1`): ToyGateCfg's fields, its learning rate, batch,
-steps and seeds from the run flags (ssmgate.cli.training_flags)."""
+"""Flags of the P1 Figure 1 program (`--program=p1_fig1`): ToyGateCfg's fields (`--fig1_<field>`), its
+learning rate, batch, steps and seeds from the run flags (ssmgate.cli.training_flags)."""
 from __future__ import annotations
 
 from absl import flags
@@ -29,10 +29,11 @@ def _distances(flag: str, text: str) -> tuple[int, ...]:
     return tuple(int(v) for v in values)
 
 
-NAMES = {"delta": "query_distance", "eval_delta": "eval_distances"}
+PREFIX = "fig1_"
+NAMES = {"delta": "fig1_query_distance", "eval_delta": "fig1_eval_distances"}
 PARSERS = {"panel": lambda flag, text: text.strip().lower(), "delta": _query_distance, "alpha0": parse_grid,
            "tau": parse_grid, "eval_delta": _distances}
-dataclass_flags.define(p1_fig1.ToyGateCfg, skip=RUN_FIELDS, names=NAMES, parsers=PARSERS,
+dataclass_flags.define(p1_fig1.ToyGateCfg, prefix=PREFIX, skip=RUN_FIELDS, names=NAMES, parsers=PARSERS,
                        choices={"train_query": ("matched", "uniform")}, module_name=__name__, helps={
     "panel": "Figure 1 panel: a, b, c or d.",
     "d": "Key dimension d.",
@@ -50,10 +51,14 @@ dataclass_flags.define(p1_fig1.ToyGateCfg, skip=RUN_FIELDS, names=NAMES, parsers
     "delta_bins": "Panel d, matched training: log-spaced distance bins (one model each).",
     "segment": "SGD steps per compiled segment (progress lines, metrics.jsonl).",
 })
+# Their names before the prefix, still read.
+dataclass_flags.keep_old_names({old: PREFIX + old for old in (
+    "panel", "d", "ell", "query_distance", "P", "eps", "alpha0", "tau", "train_lambda", "n_test", "eval_distances",
+    "train_query", "delta_bins", "segment")}, __name__)
 
 FLAGS = flags.FLAGS
 GROUPS_READ = ("run", "seeds", "lr")
-REQUIRED = ("panel", "d", "ell", "query_distance", "lr", "batch", "steps")
+REQUIRED = ("fig1_panel", "fig1_d", "fig1_ell", "fig1_query_distance", "lr", "batch", "steps")
 
 
 def config_from_flags() -> p1_fig1.ToyGateCfg:
@@ -63,8 +68,8 @@ def config_from_flags() -> p1_fig1.ToyGateCfg:
     grid = tf.grid()
     run = {"lr": tf.one_lr(PROGRAM), "batch": FLAGS.batch, "steps": FLAGS.steps, "seeds": grid.seeds,
            "seed": grid.seed}
-    cfg = dataclass_flags.build(p1_fig1.ToyGateCfg, skip=RUN_FIELDS, names=NAMES, parsers=PARSERS, extra=run,
-                                program=PROGRAM)
+    cfg = dataclass_flags.build(p1_fig1.ToyGateCfg, prefix=PREFIX, skip=RUN_FIELDS, names=NAMES, parsers=PARSERS,
+                                extra=run, program=PROGRAM)
     return p1_fig1.validate(cfg)
 
 

@@ -67,34 +67,35 @@ def _require(ok: bool, flag: str, allowed: str, value) -> None:
 
 
 def validate(cfg: ToyGateCfg) -> ToyGateCfg:
-    _require(cfg.panel in PANELS, "panel", "one of a, b, c, d", cfg.panel)
-    _require(cfg.d >= 1, "d", "an integer >= 1", cfg.d)
-    _require(cfg.ell >= 1, "ell", "an integer >= 1", cfg.ell)
+    _require(cfg.panel in PANELS, "fig1_panel", "one of a, b, c, d", cfg.panel)
+    _require(cfg.d >= 1, "fig1_d", "an integer >= 1", cfg.d)
+    _require(cfg.ell >= 1, "fig1_ell", "an integer >= 1", cfg.ell)
     if cfg.delta is not None:
-        _require(1 <= cfg.delta <= cfg.ell, "query_distance", f"an integer in [1, ell={cfg.ell}] or 'uniform'", cfg.delta)
+        _require(1 <= cfg.delta <= cfg.ell, "fig1_query_distance", f"an integer in [1, ell={cfg.ell}] or 'uniform'",
+                 cfg.delta)
     _require(cfg.lr > 0 and math.isfinite(cfg.lr), "lr", "a finite number > 0", cfg.lr)
     _require(cfg.batch >= 1, "batch", "an integer >= 1", cfg.batch)
     _require(cfg.steps >= 1, "steps", "an integer >= 1", cfg.steps)
     _require(cfg.seeds >= 1, "seeds", "an integer >= 1", cfg.seeds)
-    _require(cfg.segment >= 1, "segment", "an integer >= 1", cfg.segment)
+    _require(cfg.segment >= 1, "fig1_segment", "an integer >= 1", cfg.segment)
     if cfg.short:
-        _require(0 < cfg.eps < 0.5, "eps", "a label-flip probability in (0, 0.5)", cfg.eps)
-        _require(cfg.P >= cfg.ell, "P", f"a dictionary size >= ell={cfg.ell} (contexts hold distinct keys)", cfg.P)
-        _require(cfg.delta is not None, "query_distance", "a fixed query distance for panels a and b", "uniform")
-        _require(len(cfg.alpha0) >= 1, "alpha0", "at least one value", "")
+        _require(0 < cfg.eps < 0.5, "fig1_eps", "a label-flip probability in (0, 0.5)", cfg.eps)
+        _require(cfg.P >= cfg.ell, "fig1_P", f"a dictionary size >= ell={cfg.ell} (contexts hold distinct keys)", cfg.P)
+        _require(cfg.delta is not None, "fig1_query_distance", "a fixed query distance for panels a and b", "uniform")
+        _require(len(cfg.alpha0) >= 1, "fig1_alpha0", "at least one value", "")
         for a in cfg.alpha0:
-            _require(0 < a < 1, "alpha0", "values in (0, 1)", a)
+            _require(0 < a < 1, "fig1_alpha0", "values in (0, 1)", a)
     else:
-        _require(len(cfg.tau) >= 1, "tau", "at least one value", "")
+        _require(len(cfg.tau) >= 1, "fig1_tau", "at least one value", "")
         for t in cfg.tau:
-            _require(t > 0 and math.isfinite(t), "tau", "finite values > 0", t)
-        _require(cfg.n_test >= 1, "n_test", "an integer >= 1", cfg.n_test)
+            _require(t > 0 and math.isfinite(t), "fig1_tau", "finite values > 0", t)
+        _require(cfg.n_test >= 1, "fig1_n_test", "an integer >= 1", cfg.n_test)
         for dl in cfg.eval_delta:
-            _require(1 <= dl <= cfg.ell, "eval_distances", f"distances in [1, ell={cfg.ell}]", dl)
+            _require(1 <= dl <= cfg.ell, "fig1_eval_distances", f"distances in [1, ell={cfg.ell}]", dl)
         if cfg.panel == "c":
-            _require(len(cfg.eval_delta) >= 1, "eval_distances", "at least one distance for panel c", "")
-        _require(cfg.train_query in ("matched", "uniform"), "train_query", "matched or uniform", cfg.train_query)
-        _require(cfg.delta_bins >= 1, "delta_bins", "an integer >= 1", cfg.delta_bins)
+            _require(len(cfg.eval_delta) >= 1, "fig1_eval_distances", "at least one distance for panel c", "")
+        _require(cfg.train_query in ("matched", "uniform"), "fig1_train_query", "matched or uniform", cfg.train_query)
+        _require(cfg.delta_bins >= 1, "fig1_delta_bins", "an integer >= 1", cfg.delta_bins)
     return cfg
 
 

@@ -159,6 +159,6 @@ def build(runs: dict, scale: str, changes: dict, walls: dict, figure_dir: Path, 
     lines = [f"- {run}: {', '.join(ch) if ch else 'nothing'}" for run, ch in changes.items()]
     md.append("\n".join(lines) + "\n")
     md.append("Panels c/d train one model per evaluated distance (c) or distance bin (d) "
-              "(`--train_query=matched`, see docs/reproduction.md).\n")
+              "(`--fig1_train_query=matched`, see docs/reproduction.md).\n")
     md.append(_table(["run", "wall time (s), including start-up"], [[r, w] for r, w in walls.items()]))
     return entry, "\n".join(md)

@@ -28,16 +28,17 @@ dataclass_flags.define(kv.KVCfg, prefix="kv_", skip=("batch",), names=p1_kv.TASK
              "last (best_last, Fig 2c).",
     "dict_seed": "KV task: seed of the static dictionary (one per run).",
 })
-# The program's own fields (KVRunCfg's), under the names flag files have always used.
+# The program's own fields (KVRunCfg's), --kv_<field> (n_buckets: --kv_buckets).
 RUN_SKIP = ("kv", "spec")
 RUN_NAMES = {"n_buckets": "kv_buckets"}
 RUN_PARSERS = {"lengen_ns": parse_ints}
-dataclass_flags.define(p1_kv.KVRunCfg, skip=RUN_SKIP, names=RUN_NAMES, parsers=RUN_PARSERS, module_name=__name__,
+dataclass_flags.define(p1_kv.KVRunCfg, prefix="kv_", skip=RUN_SKIP, names=RUN_NAMES, parsers=RUN_PARSERS, module_name=__name__,
                        helps={
     "n_buckets": "KV task: training length buckets over 1..N (one compiled step each).",
     "lengen_ns": "best_last: pair counts n of the length-generalisation sets evaluated after training (e.g. "
                  "'512,768,1024'); empty = none.",
 })
+dataclass_flags.keep_old_names({"lengen_ns": "kv_lengen_ns"}, __name__)  # its name before the prefix, still read
 
 FLAGS = flags.FLAGS
 PROGRAM = "p1_kv"
@@ -50,8 +51,8 @@ def config_from_flags() -> p1_kv.KVRunCfg:
     spec = tf.run_spec(PROGRAM, metric=p1_kv.METRIC, escape_thr=ESCAPE_THR, stop_thr=STOP_THR)
     task = dataclass_flags.build(kv.KVCfg, kv.KVCfg(batch=batch), prefix="kv_", skip=("batch",),
                                  names=p1_kv.TASK_FLAGS)
-    return dataclass_flags.build(p1_kv.KVRunCfg, p1_kv.KVRunCfg(kv=task, spec=spec), skip=RUN_SKIP, names=RUN_NAMES,
-                                 parsers=RUN_PARSERS)
+    return dataclass_flags.build(p1_kv.KVRunCfg, p1_kv.KVRunCfg(kv=task, spec=spec), prefix="kv_", skip=RUN_SKIP,
+                                 names=RUN_NAMES, parsers=RUN_PARSERS)
 
 
 def describe(cfg) -> str:

@@ -99,14 +99,14 @@ class KVRunCfg:
             raise ConfigError("--escape_thr and --stop_thr: Figure 2b's escape steps need both (protocol §3.3-3.4: "
                               "0.95 and 0.99)")
         if self.lengen_ns and self.kv.query != "best_last":
-            raise ConfigError(f"--lengen_ns={','.join(map(str, self.lengen_ns))}: length generalisation is "
+            raise ConfigError(f"--kv_lengen_ns={','.join(map(str, self.lengen_ns))}: length generalisation is "
                               "evaluated for --kv_query=best_last only (protocol §3.4, Fig 2c); expected it empty")
         for n in self.lengen_ns:
             if not 1 <= n <= self.kv.dict_size:
-                raise ConfigError(f"--lengen_ns: {n}: expected pair counts in 1..--kv_dict_size={self.kv.dict_size} "
+                raise ConfigError(f"--kv_lengen_ns: {n}: expected pair counts in 1..--kv_dict_size={self.kv.dict_size} "
                                   "(pairs are drawn without replacement)")
         if len(set(self.lengen_ns)) != len(self.lengen_ns):
-            raise ConfigError(f"--lengen_ns={','.join(map(str, self.lengen_ns))}: expected distinct pair counts")
+            raise ConfigError(f"--kv_lengen_ns={','.join(map(str, self.lengen_ns))}: expected distinct pair counts")
         return self
 
 

@@ -1,7 +1,7 @@
 """Flags of the P1 tool-calling program (`--program=p1_tools`) and their translation to P1ToolsCfg.
 
 Model, optimizer, mesh and loop flags are the shared ones (ssmgate.cli.training_flags); the model
-flags must describe the `--init_run` checkpoint's model. `--gate_offset` is the grid of gate offsets,
+flags must describe the `--tools_init_run` checkpoint's model. `--gate_offset` is the grid of gate offsets,
 one replica each (P1's gate scales s are written `ln:s`).
 """
 from __future__ import annotations
@@ -11,8 +11,9 @@ from absl import flags
 from ssmgate.cli import dataclass_flags, training_flags as tf
 from ssmgate.programs.p1_tools import program as p1_tools
 
-# The task's flags are ToolsCfg's fields (--tools_<field>, three older names kept); --batch and --tokenizer are shared.
-TOOLS_NAMES = {"weak_betas": "weak_betas", "weak_k": "weak_eval_k", "data_dir": "bfcl_data_dir"}
+# The task's flags are ToolsCfg's fields and the program's P1ToolsCfg's (--tools_<field>, two named more plainly);
+# --batch and --tokenizer are shared.
+TOOLS_NAMES = p1_tools.TOOLS_FLAGS
 TOOLS_SKIP = ("batch", "tokenizer")
 dataclass_flags.define(p1_tools.ToolsCfg, prefix="tools_", skip=TOOLS_SKIP, names=TOOLS_NAMES, module_name=__name__,
                        helps={
@@ -28,9 +29,12 @@ dataclass_flags.define(p1_tools.ToolsCfg, prefix="tools_", skip=TOOLS_SKIP, name
     "max_test": "Evaluate only the first N held-out questions.",
     "data_dir": "BFCL data folder (default: the bfcl-eval package's data/).",
 })
-dataclass_flags.define(p1_tools.P1ToolsCfg, skip=("tools", "spec"), module_name=__name__, helps={
+dataclass_flags.define(p1_tools.P1ToolsCfg, prefix="tools_", skip=("tools", "spec"), module_name=__name__, helps={
     "init_run": "Run directory of the pretrained model (its latest checkpoint); relative = a sibling of --run_dir; "
                 "empty = fresh weights."})
+# Their names before the prefix, still read.
+dataclass_flags.keep_old_names({"init_run": "tools_init_run", "weak_betas": "tools_weak_betas",
+                                "weak_eval_k": "tools_weak_eval_k", "bfcl_data_dir": "tools_bfcl_data_dir"}, __name__)
 
 FLAGS = flags.FLAGS
 GROUPS_READ = ("run", "lr", "gate_offset", "model", "optim", "mesh", "loop", "tokenizer")
@@ -41,7 +45,7 @@ def config_from_flags() -> p1_tools.P1ToolsCfg:
     spec = tf.run_spec("p1_tools", metric="accuracy")
     tools = dataclass_flags.build(p1_tools.ToolsCfg, p1_tools.ToolsCfg(batch=batch, tokenizer=FLAGS.tokenizer),
                                   prefix="tools_", skip=TOOLS_SKIP, names=TOOLS_NAMES)
-    return dataclass_flags.build(p1_tools.P1ToolsCfg, p1_tools.P1ToolsCfg(tools=tools, spec=spec),
+    return dataclass_flags.build(p1_tools.P1ToolsCfg, p1_tools.P1ToolsCfg(tools=tools, spec=spec), prefix="tools_",
                                  skip=("tools", "spec"))
 
 

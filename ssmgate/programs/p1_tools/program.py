@@ -2,7 +2,7 @@
 
     python -m ssmgate.main --flagfile=experiments/p1/cpu/tools_sft.flags --run_dir=runs/p1_tools/tools_sft
 
-1. Start from a pretrained language model: the latest checkpoint of `--init_run` (a run directory,
+1. Start from a pretrained language model: the latest checkpoint of `--tools_init_run` (a run directory,
    e.g. of `p2_lm` with `--block=mamba2`; relative paths are siblings of --run_dir), or fresh
    weights when it is empty.
 2. One replica per gate scale s of `--gate_offset` (written `ln:s`; Mamba-2: A_log += ln s, P1's e^lambda <- s
@@ -12,8 +12,8 @@
    tool injected (`tasks.tool_pools.main_pool`), the loss on the answer's bytes. A model without
    a gate (Fig 4's Transformer, `--block=llama`) is one replica at `--gate_offset=0`.
 3. Evaluation on the held-out functions' questions: greedy decoding of each replica at every pool
-   size of `--tools_eval_k` (main setting) and, for every strength of `--weak_betas`, at
-   `--weak_eval_k` with the weak Plackett–Luce retriever (no injection); every output scored by
+   size of `--tools_eval_k` (main setting) and, for every strength of `--tools_weak_betas`, at
+   `--tools_weak_eval_k` with the weak Plackett–Luce retriever (no injection); every output scored by
    the BFCL checker (accuracy) and the out-of-pool hallucination counter (`tasks.bfcl_checker`),
    and read leniently for tool choice alone (the function an output starts to call: right name,
    name outside the pool). Each (setting, k) cell keeps its pools and outputs in
@@ -40,6 +40,7 @@ from typing import Optional
 import jax
 import numpy as np
 
+from ssmgate.cli import dataclass_flags
 from ssmgate.config_error import ConfigError
 from ssmgate.models import presets
 from ssmgate.tasks import bfcl, bfcl_checker, tool_pools, tool_prompts as tpr
@@ -92,6 +93,10 @@ class ToolsCfg:
         return self
 
 
+# ToolsCfg's fields are --tools_<field> but these (the shared --batch and --tokenizer, two named more plainly).
+TOOLS_FLAGS = {"batch": "batch", "tokenizer": "tokenizer", "weak_k": "tools_weak_eval_k", "data_dir": "tools_bfcl_data_dir"}
+
+
 @dataclasses.dataclass(frozen=True)
 class P1ToolsCfg:
     tools: ToolsCfg
@@ -116,7 +121,8 @@ class P1ToolsCfg:
         try:
             self.tools.validate()
         except ValueError as e:
-            raise ConfigError(f"--tools_{e}") from None
+            raise ConfigError(dataclass_flags.flag_message(str(e), ToolsCfg, "tools_", TOOLS_FLAGS,
+                                                           unmatched="keep")) from None
         model = self.spec.validate().model
         if self.spec.grid.seeds != 1 or self.spec.grid.lrs:
             raise ConfigError("p1_tools fine-tunes one seed at one learning rate (protocol §5.2); expected "
@@ -143,19 +149,19 @@ def load_base_params(cfg: P1ToolsCfg, where: Optional[Path]):
     if where is None:
         return None
     if not (where / "checkpoints").is_dir():
-        raise ConfigError(f"--init_run={cfg.init_run}: {where} holds no checkpoints/ (expected the run directory "
+        raise ConfigError(f"--tools_init_run={cfg.init_run}: {where} holds no checkpoints/ (expected the run directory "
                           "of a finished pretraining run)")
     with Checkpointer(where / "checkpoints") as c:
         try:
             step, state, _ = c.restore_raw()
         except CheckpointError as e:
-            raise ConfigError(f"--init_run={cfg.init_run}: {e}") from None
+            raise ConfigError(f"--tools_init_run={cfg.init_run}: {e}") from None
     params = state.get("params") if isinstance(state, dict) else None
     expected = presets.param_shapes(cfg.spec.model)
     got = None if params is None else jax.tree.map(np.shape, params)
     want = jax.tree.map(lambda a: tuple(a.shape), expected)
     if got != want:
-        raise ConfigError(f"--init_run={cfg.init_run}: the checkpoint's parameters (step {step}) do not fit the "
+        raise ConfigError(f"--tools_init_run={cfg.init_run}: the checkpoint's parameters (step {step}) do not fit the "
                           f"model flags ({cfg.spec.model.block}, d_model {cfg.spec.model.d_model}, "
                           f"{cfg.spec.model.n_layers} layers);"
                           " pass the pretraining run's model flags")

@@ -84,13 +84,13 @@ class LongEvalCfg:
         if self.pseudo_books < 0:
             raise ValueError(f"pseudo_books={self.pseudo_books}: expected >= 0 (0 = the books themselves)")
         if any(c <= self.score_last for c in self.curve_windows):
-            raise ValueError(f"window_curve_windows={','.join(map(str, self.curve_windows))}: expected sizes > "
+            raise ValueError(f"curve_windows={','.join(map(str, self.curve_windows))}: expected sizes > "
                              f"score_last={self.score_last}")
         if self.curve_every < 0:
-            raise ValueError(f"window_curve_every={self.curve_every}: expected >= 0 (0 = at every evaluation)")
+            raise ValueError(f"curve_every={self.curve_every}: expected >= 0 (0 = at every evaluation)")
         if self.pseudo_books:
             for name, sizes in (("bc_window", (self.bc_window or 0,)), ("heatmap_window", (self.heatmap_window or 0,)),
-                                ("window_curve_windows", self.curve_windows)):
+                                ("curve_windows", self.curve_windows)):
                 if max(sizes, default=0) > self.anchor():
                     raise ValueError(f"{name}={','.join(map(str, sizes))}: with pseudo_books every window size must "
                                      f"be <= the largest of lm_windows ({self.anchor()}), whose windows' ends all "

@@ -37,12 +37,12 @@ class NativePPLGate:
 
     def validate(self, ecfg: long_eval.LongEvalCfg) -> "NativePPLGate":
         if not (math.isfinite(self.published) and self.published > 1.0):
-            raise ConfigError(f"--official_ppl={self.published}: expected the published native PPL (> 1)")
+            raise ConfigError(f"--lm_official_ppl={self.published}: expected the published native PPL (> 1)")
         if self.window <= ecfg.score_last:
-            raise ConfigError(f"--official_ppl_window={self.window}: expected a window size > --score_last="
+            raise ConfigError(f"--lm_official_ppl_window={self.window}: expected a window size > --lm_score_last="
                               f"{ecfg.score_last}")
         if not 0.0 < self.tolerance < 1.0:
-            raise ConfigError(f"--official_ppl_tolerance={self.tolerance}: expected a fraction in (0, 1)")
+            raise ConfigError(f"--lm_official_ppl_tolerance={self.tolerance}: expected a fraction in (0, 1)")
         return self
 
     def check(self, cfg: ModelCfg, params, books: Sequence[np.ndarray], ecfg: long_eval.LongEvalCfg,

@@ -2,28 +2,28 @@
 
     python -m ssmgate.main --flagfile=experiments/p2/cpu/lm_rope05.flags --run_dir=runs/lm_rope05
 
-1. Data (protocol §7.1, issue #7): documents of `--corpus` ('embedded', 'pg19:<folder>', 'tfds:<name>',
+1. Data (protocol §7.1, issue #7): documents of `--lm_corpus` ('embedded', 'pg19:<folder>', 'tfds:<name>',
    'files:<glob>') tokenized (`--tokenizer`: byte, or a tokenizer.json / SentencePiece .model),
    joined with EOS and cut into rows of seq_len + 1 tokens. The training split is prepared once
-   into token shards (`ssmgate.data.prepare`, under `--token_cache_dir`, else a temporary folder
+   into token shards (`ssmgate.data.prepare`, under `--lm_token_cache_dir`, else a temporary folder
    of the run) and read by `ssmgate.data.loader`: each process reads only its rows of each batch,
    and the batch of step k is a function of (seed, k) only, byte-identical to
    `text_packing.batch_at` of the same stream, so a resumed run sees the batches of an
    uninterrupted one. The validation split stays one small in-memory stream.
 2. Training with the framework's loop (orbax checkpoints, automatic resume, metrics.jsonl); every
    `--eval_every` steps the held-out PPL over all validation rows (state reset per row): the
-   validation curve of Fig 7. With `--window_curve_windows` the evaluation every
-   `--window_curve_every` steps (and at the end) also measures the native windowed PPL at those
+   validation curve of Fig 7. With `--lm_curve_windows` the evaluation every
+   `--lm_curve_every` steps (and at the end) also measures the native windowed PPL at those
    window sizes on the evaluation's windows (logged as eval_window_ppl_<C>): P2 Figs 8-9.
-3. The long-context evaluation of `long_eval` on the books of `--eval_split` of `--eval_corpus`:
+3. The long-context evaluation of `long_eval` on the books of `--lm_eval_split` of `--lm_eval_corpus`:
    protocol §7.2 windows at every `--lm_windows` size, and on a rotation model the interventions,
    write/read removal, layer-window heat map, state diagnostics and phase trajectories. With
-   `--init_official=<safetensors>` (and no --steps) it evaluates a converted official checkpoint
+   `--lm_init_official=<safetensors>` (and no --steps) it evaluates a converted official checkpoint
    without training.
 
 summary.json: "variant", "params", "steps", "wall_s", "train_wall_s", "tokens_per_s", "ppl" (final
 validation PPL), "val_curve" ([step, ppl] pairs), "window_ppl_along_training" ({step: {C: PPL}},
-from metrics.jsonl; {} without --window_curve_windows), "params_digest", "data" (token counts), and
+from metrics.jsonl; {} without --lm_curve_windows), "params_digest", "data" (token counts), and
 "long_eval" (long_eval.evaluate's dict).
 """
 from __future__ import annotations
@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ssmgate.cli import dataclass_flags
 from ssmgate.config_error import ConfigError
 from ssmgate.data import loader as data_loader
 from ssmgate.data.prepare import PrepareMismatch, prepare
@@ -99,7 +100,7 @@ class TextCfg:
 class P2LMCfg:
     text: TextCfg
     long_eval: LongEvalCfg
-    spec: RunSpec                        # model, optimizer, loop (None: evaluate --init_official's weights, no
+    spec: RunSpec                        # model, optimizer, loop (None: evaluate --lm_init_official's weights, no
                                          # training), mesh; its grid: the one seed
     variant: str = ""                   # the report's name for this model (e.g. "rotation")
     init_official: Optional[str] = None  # safetensors of an official Mamba-3 checkpoint: evaluated, not trained
@@ -114,9 +115,12 @@ class P2LMCfg:
 
     def validate(self) -> "P2LMCfg":
         model = self.spec.validate().model
+        for part in (self.text, self.long_eval):
+            try:
+                part.validate()
+            except ValueError as e:
+                raise ConfigError(lm_flag_message(str(e), type(part))) from None
         try:
-            self.text.validate()
-            self.long_eval.validate()
             meshlib.check_batch(self.text.batch, self.spec.mesh.data, self.spec.mesh.microbatches)  # -1: by train()
         except ValueError as e:
             raise ConfigError(f"--{e}") from None
@@ -126,19 +130,31 @@ class P2LMCfg:
             raise ConfigError(f"--vocab_size={model.vocab_size}: the tokenizer {tokenizer.name!r} has "
                               f"{tokenizer.vocab_size} tokens; expected --vocab_size >= {tokenizer.vocab_size}")
         if (self.init_official is None) == (self.spec.loop is None):
-            raise ConfigError("--init_official evaluates a converted checkpoint without training, and --steps "
+            raise ConfigError("--lm_init_official evaluates a converted checkpoint without training, and --steps "
                               "trains: expected exactly one of them")
         curve = self.long_eval
         if curve.curve_windows and self.spec.loop is None:
-            raise ConfigError("--window_curve_windows measures the windowed PPL along training; an --init_official "
-                              "run does not train: expected no --window_curve_windows")
+            raise ConfigError("--lm_curve_windows measures the windowed PPL along training; an --lm_init_official "
+                              "run does not train: expected no --lm_curve_windows")
         if curve.curve_windows and curve.curve_every and self.spec.loop is not None:
             every = self.spec.loop.eval_every
             if not every or curve.curve_every % every:
-                raise ConfigError(f"--window_curve_every={curve.curve_every}: the curve is measured at evaluations; "
+                raise ConfigError(f"--lm_curve_every={curve.curve_every}: the curve is measured at evaluations; "
                                   f"expected a multiple of --eval_every={every} (> 0), or 0 for every evaluation")
         return self
 
+
+
+# The data's and the long-context evaluation's fields are --lm_<field> but these (the shared --tokenizer,
+# --seq_len and --batch; the plainer --lm_token_cache_dir and --lm_window_batch).
+TEXT_FLAGS = {"tokenizer": "tokenizer", "seq_len": "seq_len", "batch": "batch", "cache_dir": "lm_token_cache_dir"}
+EVAL_FLAGS = {"batch": "lm_window_batch"}
+
+
+def lm_flag_message(message: str, cls) -> str:
+    """A TextCfg / LongEvalCfg validate() message, 'field=value: ...', as '--<flag>=value: ...'."""
+    return dataclass_flags.flag_message(message, cls, "lm_", TEXT_FLAGS if cls is TextCfg else EVAL_FLAGS,
+                                        unmatched="keep")
 
 @dataclasses.dataclass
 class TextData:
@@ -171,7 +187,7 @@ def _train_shards(cfg: TextCfg) -> tuple[TokenStore, Optional[tempfile.Temporary
                         data_dir=cfg.tfds_data_dir, text_key=cfg.text_key,
                         log=say if jax.process_index() == 0 else None)
     except PrepareMismatch as e:
-        raise ConfigError(f"--token_cache_dir: {e}") from None
+        raise ConfigError(f"--lm_token_cache_dir: {e}") from None
     return store, scratch
 
 
@@ -195,7 +211,7 @@ def load_text(cfg: TextCfg, vocab_size: int) -> TextData:
         try:
             check()
         except ValueError as e:
-            raise ConfigError(f"--corpus={cfg.corpus}: the {name} split is too short for --seq_len={cfg.seq_len}"
+            raise ConfigError(f"--lm_corpus={cfg.corpus}: the {name} split is too short for --seq_len={cfg.seq_len}"
                               f" ({e})") from None
     return TextData(train, valid, books, tok.name, int(tok.eos_id), scratch)
 
@@ -258,7 +274,7 @@ def _validation_fn(model, data: TextData, cfg: TextCfg, curve: Optional[_Curve] 
 def training_plan(cfg: P2LMCfg) -> TrainPlan:
     """The run's step (the run's and `python -m ssmgate.aot`'s): --batch rows of --seq_len tokens."""
     if cfg.spec.loop is None:
-        raise ConfigError(f"--init_official={cfg.init_official}: this run evaluates a converted checkpoint and has no "
+        raise ConfigError(f"--lm_init_official={cfg.init_official}: this run evaluates a converted checkpoint and has no "
                           "training step to compile")
     return TrainPlan(cfg.spec.model, cfg.spec.optim, tuple(cfg.spec.replicas), text_loss, cfg.spec.mesh,
                      batch=lambda: LMBatch.shapes(cfg.text.batch, cfg.text.seq_len))
@@ -266,13 +282,13 @@ def training_plan(cfg: P2LMCfg) -> TrainPlan:
 
 def forward_plan(cfg: P2LMCfg) -> Optional[ForwardPlan]:
     """The forward pass of a run that evaluates a converted checkpoint (`python -m ssmgate.aot`): every
-    model of the long-context evaluation on --window_batch windows of --piece_len tokens; None for a
+    model of the long-context evaluation on --lm_window_batch windows of --lm_piece_len tokens; None for a
     run that trains (its step is `training_plan`'s). Its shape is the checkpoint's config.json."""
     if cfg.init_official is None:
         return None
     from ssmgate.interventions import convert_mamba3 as cv
     if cv.read_config(cfg.init_official) is None:
-        raise ConfigError(f"--init_official={cfg.init_official}: no {cv.config_path(cfg.init_official)} here; the "
+        raise ConfigError(f"--lm_init_official={cfg.init_official}: no {cv.config_path(cfg.init_official)} here; the "
                           "forward pass has the checkpoint's shape: expected upstream's config.json beside its weights")
     ecfg = cfg.long_eval
     return ForwardPlan(cfg.spec.model, le.forward_models(cfg.spec.model, ecfg), rows=ecfg.batch, piece_len=ecfg.piece_len,
@@ -322,7 +338,7 @@ def run(cfg: P2LMCfg, run_dir) -> dict:
     try:  # before training: the windowed evaluation must have its books
         windows = le.window_books(data.books, cfg.long_eval, data.eos_id).describe()
     except ValueError as e:
-        raise ConfigError(f"--pseudo_books={cfg.long_eval.pseudo_books}: {e}") from None
+        raise ConfigError(f"--lm_pseudo_books={cfg.long_eval.pseudo_books}: {e}") from None
     if windows["layout"] == "pseudo_books":
         say(f"[p2_lm] windows on {windows['pseudo_books']} pseudo-books of {windows['pseudo_book_tokens']:,} tokens, "
             f"every window size ending where the {windows['anchor']}-token windows end")

@@ -95,21 +95,24 @@ class StateTrackingCfg:
     def validate(self) -> "StateTrackingCfg":
         unknown = [m for m in self.models if m not in MODELS]
         if unknown or not self.models:
-            raise ConfigError(f"--models={','.join(self.models)}: expected some of {', '.join(MODELS)}")
+            raise ConfigError(f"--st_models={','.join(self.models)}: expected some of {', '.join(MODELS)}")
         model = self.spec.validate().model
+        if self.spec.stop.escape_thr is not None:  # the rule below stops replicas; no escape is recorded
+            raise ConfigError(f"--escape_thr={self.spec.stop.escape_thr}: state tracking has no escape step (protocol "
+                              "§6.2 stops a replica at --stop_thr); expected it unset")
         if model.vocab_size < st.VOCAB[self.task]:
             raise ConfigError(f"--vocab_size={model.vocab_size}: expected >= {st.VOCAB[self.task]} for {self.task}")
         for name, value in (("val_n", self.val_n), ("test_n", self.test_n)):
             if value < 1:
-                raise ConfigError(f"--{name}={value}: expected >= 1")
+                raise ConfigError(f"--st_{name}={value}: expected >= 1")
         if self.len_quantum < 0:
-            raise ConfigError(f"--len_quantum={self.len_quantum}: expected >= 0 (0 = pad every batch to --l_max1)")
+            raise ConfigError(f"--st_len_quantum={self.len_quantum}: expected >= 0 (0 = pad every batch to --st_l_max1)")
         if self.len_buckets and self.len_quantum < 1:
-            raise ConfigError(f"--len_buckets with --len_quantum={self.len_quantum}: expected --len_quantum >= 1 "
+            raise ConfigError(f"--st_len_buckets with --st_len_quantum={self.len_quantum}: expected --st_len_quantum >= 1 "
                               "(the bucket width)")
         for length in self.test_lens:
             if length < 3:
-                raise ConfigError(f"--test_lens: {length}: expected lengths >= 3")
+                raise ConfigError(f"--st_test_lens: {length}: expected lengths >= 3")
         return self
 
 

@@ -11,13 +11,15 @@ from ssmgate.programs.train_lm import program as train_lm
 from ssmgate.tasks import synthetic_lm
 from ssmgate.train import sweep
 
-# The program's own fields (TrainLMCfg's) and the metric of its stop rule (StopRule.metric).
-RUN_SKIP, RUN_NAMES = ("task", "spec"), {"force_sweep": "sweep"}
-dataclass_flags.define(train_lm.TrainLMCfg, skip=RUN_SKIP, names=RUN_NAMES, module_name=__name__, helps={
-    "eval_batches": "Batches of the fixed evaluation set.",
-    "force_sweep": "Train as a vmapped sweep even with one replica."})
-dataclass_flags.define(sweep.StopRule, skip=("escape_thr", "stop_thr"), names={"metric": "stop_metric"},
+# The program's own fields (TrainLMCfg's) and the metric of its stop rule (StopRule.metric), --train_<field>.
+RUN_SKIP, RUN_NAMES = ("task", "spec"), {"force_sweep": "train_sweep"}
+dataclass_flags.define(train_lm.TrainLMCfg, prefix="train_", skip=RUN_SKIP, names=RUN_NAMES, module_name=__name__,
+                       helps={"eval_batches": "Batches of the fixed evaluation set.",
+                              "force_sweep": "Train as a vmapped sweep even with one replica."})
+dataclass_flags.define(sweep.StopRule, skip=("escape_thr", "stop_thr"), names={"metric": "train_stop_metric"},
                        module_name=__name__, helps={"metric": "Eval metric of the sweep's escape and early-stop rules."})
+dataclass_flags.keep_old_names({"eval_batches": "train_eval_batches", "sweep": "train_sweep",  # names before the
+                                "stop_metric": "train_stop_metric"}, __name__)                 # prefix, still read
 
 FLAGS = flags.FLAGS
 GROUPS_READ = ("run", "seeds", "lr", "gate_offset", "model", "optim", "mesh", "loop", "stop", "seq_len", "task")
@@ -25,7 +27,7 @@ GROUPS_READ = ("run", "seeds", "lr", "gate_offset", "model", "optim", "mesh", "l
 
 def config_from_flags() -> train_lm.TrainLMCfg:
     batch = tf.require("batch", "train")
-    metric = FLAGS.stop_metric or sweep.StopRule().metric
+    metric = FLAGS.train_stop_metric or sweep.StopRule().metric
     spec = tf.run_spec("train", metric=metric, lr_sweep=True)  # each replica its own lr
     task_name = FLAGS.task or "copy"
     if task_name not in synthetic_lm.TASKS:
@@ -34,8 +36,8 @@ def config_from_flags() -> train_lm.TrainLMCfg:
         task = synthetic_lm.SyntheticCfg(task_name, batch, FLAGS.seq_len, spec.model.vocab_size).validate()
     except ValueError as e:
         raise ConfigError(f"--{e}" if not str(e).startswith("--") else str(e)) from None
-    return dataclass_flags.build(train_lm.TrainLMCfg, train_lm.TrainLMCfg(task=task, spec=spec), skip=RUN_SKIP,
-                                 names=RUN_NAMES)
+    return dataclass_flags.build(train_lm.TrainLMCfg, train_lm.TrainLMCfg(task=task, spec=spec), prefix="train_",
+                                 skip=RUN_SKIP, names=RUN_NAMES)
 
 
 def describe(cfg) -> str:

@@ -53,7 +53,7 @@ class TrainLMCfg:
         if self.task.vocab_size != model.vocab_size:
             raise ConfigError(f"task vocabulary {self.task.vocab_size} != --vocab_size={model.vocab_size}")
         if self.eval_batches < 1:
-            raise ConfigError(f"--eval_batches={self.eval_batches}: expected >= 1")
+            raise ConfigError(f"--train_eval_batches={self.eval_batches}: expected >= 1")
         try:
             # -1 (all devices): checked by run()
             meshlib.check_batch(self.task.batch, self.spec.mesh.data, self.spec.mesh.microbatches)
