@@ -312,8 +312,9 @@ def _run(program, cfg, rd) -> None:
         if main_process:
             rd.discard_staged("flags.txt")
         if isinstance(e, CheckpointError):  # a resume refused: the run directory keeps its own record
+            renamed = registry.old_flag_names(FLAGS.program)
             changed = "" if old_text is None else f"; flags changed since {old}: " \
-                                                  f"{extension.flag_changes(old_text, flags_text)}"
+                                                  f"{extension.flag_changes(old_text, flags_text, renamed)}"
             fail(f"cannot resume: {e}{changed}", EXIT_USAGE)
         if isinstance(e, Preempted):  # SIGTERM/SIGINT: saved; a scheduler (launch/) requeues on this status
             print(f"[ssmgate] {e} (exit status {EXIT_PREEMPTED})", flush=True)

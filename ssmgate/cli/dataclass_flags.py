@@ -55,8 +55,8 @@ def flag_name(field: str, prefix: str = "", names: dict | None = None) -> str:
 def define(cls, *, prefix: str = "", skip=(), helps: dict | None = None, names: dict | None = None,
            choices: dict | None = None, parsers: dict | None = None, module_name: str | None = None) -> list[str]:
     """Defines one flag per field of `cls` (except `skip`); returns the flag names. `helps`: field ->
-    help text (its default is appended); `names`: field -> flag name other than prefix + field;
-    `choices`: field -> the values an enum flag allows; `parsers`: field -> parse(flag, text) of a
+    help text (the default is appended unless the text states its own); `names`: field -> flag name
+    other than prefix + field; `choices`: field -> the values an enum flag allows; `parsers`: field -> parse(flag, text) of a
     field with its own syntax; `module_name`: the module the flags belong to (a program's flags
     module: `--program=NAME --help` lists them as its own), default this one."""
     hints = typing.get_type_hints(cls)
@@ -67,8 +67,9 @@ def define(cls, *, prefix: str = "", skip=(), helps: dict | None = None, names: 
         kind, _ = _kind(hints[field.name])
         default = field.default if field.default is not dataclasses.MISSING else None
         shown = "" if field.default is dataclasses.MISSING else f" (default {_shown(default)})"
-        text = ((helps or {})[field.name] + shown if field.name in (helps or {})
-                else f"{cls.__name__}.{field.name}{shown}.")
+        given = (helps or {}).get(field.name)
+        text = f"{cls.__name__}.{field.name}{shown}." if given is None else \
+            given if "(default" in given else given + shown   # a help may state a default of its own
         name = flag_name(field.name, prefix, names)
         owner = {"module_name": module_name} if module_name else {}
         if field.name in (choices or {}):
@@ -86,8 +87,8 @@ def define(cls, *, prefix: str = "", skip=(), helps: dict | None = None, names: 
 
 
 def _shown(default) -> str:
-    """A default as a flag would be written: a list comma-separated, else its repr."""
-    return repr(",".join(str(v) for v in default)) if isinstance(default, tuple) and default else repr(default)
+    """A default as a flag would be written: a list comma-separated ('' when empty), else its repr."""
+    return repr(",".join(str(v) for v in default)) if isinstance(default, tuple) else repr(default)
 
 
 def _parse_pairs(flag: str, text: str):

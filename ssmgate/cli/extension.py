@@ -27,9 +27,11 @@ def parse_flags(text: str) -> dict:
     return dict(line.split("=", 1) if "=" in line else (line, "") for line in text.splitlines() if line)
 
 
-def flag_changes(old: str, new: str) -> str:
-    """'--lr: 0.005 -> 0.01, ...' between two flags.txt texts."""
-    a, b = parse_flags(old), parse_flags(new)
+def flag_changes(old: str, new: str, renamed: dict | None = None) -> str:
+    """'--lr: 0.005 -> 0.01, ...' between two flags.txt texts; `renamed` ({old name: name now}) reads a record
+    written before a flag was renamed under the flag's name now."""
+    now = {f"--{o}": f"--{n}" for o, n in (renamed or {}).items()}
+    a, b = {now.get(k, k): v for k, v in parse_flags(old).items()}, parse_flags(new)
     return ", ".join(f"{k}: {a.get(k, '<unset>')} -> {b.get(k, '<unset>')}" for k in sorted(set(a) | set(b))
                      if a.get(k) != b.get(k)) or "none"
 

@@ -14,7 +14,6 @@ from absl import flags
 
 from ssmgate.cli import dataclass_flags, training_flags as tf
 from ssmgate.cli.grids import parse_grid, parse_ints
-from ssmgate.config_error import ConfigError
 from ssmgate.programs.p1_horn import program as p1_horn
 from ssmgate.tasks import horn
 
