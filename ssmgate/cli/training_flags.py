@@ -86,7 +86,7 @@ GROUPS["run"] += dataclass_flags.define(loop.LoopCfg, skip=_fields_except(loop.L
     "steps": "Training steps (a cap where runs stop early)."})
 # --batch is a field of every task's config (KVCfg, HornCfg, ToolsCfg, ...): one flag, declared here.
 _in("run", flags.DEFINE_integer, "batch", None, "Examples (sequences) per training step.")
-# --lr is optim.lr of one run and Grid.lrs of a learning-rate sweep, in one flag with a grid syntax.
+# --lr is optim.lr, and in a learning-rate sweep Grid.more_lrs after it, in one flag with a grid syntax.
 _in("lr", flags.DEFINE_string, "lr", None, "Learning rate (SGD) or peak learning rate (schedules): one value, or "
     "a grid for the programs that sweep it ('1e-3,3e-3', 'logspace:-4:-2:8').")
 _in("model", flags.DEFINE_string, "preset", None, "A named model of ssmgate.models.presets; model flags override "
@@ -200,10 +200,11 @@ def one_lr(program: str, default: float | None = None) -> float:
     return lrs[0]
 
 
-def grid(lrs: tuple = ()) -> Grid:
-    """The replica grid of --seed, --seeds and --gate_offset (Grid's defaults where not given), sweeping `lrs`."""
-    return dataclasses.replace(Grid(lrs=lrs), **dataclass_flags.overrides(Grid, skip=("lrs",), names=GRID_NAMES,
-                                                                          parsers=GRID_PARSERS))
+def grid(more_lrs: tuple = ()) -> Grid:
+    """The replica grid of --seed, --seeds and --gate_offset (Grid's defaults where not given), sweeping the
+    optimizer's learning rate and `more_lrs`."""
+    return dataclasses.replace(Grid(more_lrs=more_lrs), **dataclass_flags.overrides(
+        Grid, skip=("more_lrs",), names=GRID_NAMES, parsers=GRID_PARSERS))
 
 
 def run_spec(program: str, *, metric: str, escape_thr: float | None = None, stop_thr: float | None = None,
@@ -219,6 +220,6 @@ def run_spec(program: str, *, metric: str, escape_thr: float | None = None, stop
                                **dataclass_flags.overrides(sweep.StopRule, skip=STOP_SKIP))
     spec = RunSpec(model=model_cfg(model_base), optim=optim_cfg(lrs[0], steps),
                    loop=loop_cfg(steps, name=loop_name or program),
-                   mesh=mesh_cfg(), grid=grid(tuple(lrs) if len(lrs) > 1 else ()),
+                   mesh=mesh_cfg(), grid=grid(tuple(lrs[1:])),
                    stop=stop, preset=preset())
     return dataclasses.replace(spec, **dataclass_flags.overrides(RunSpec, skip=EVAL_SKIP))

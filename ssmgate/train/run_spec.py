@@ -4,8 +4,8 @@ a model of the zoo has besides its task, validated once and fingerprinted once.
     RunSpec(model, optim, loop, mesh, grid, stop, eval_n, lengen_eval_n, preset)
 
 - `grid` is the replica grid, seeds x learning rates x gate offsets (`Grid`); it is the one home of the
-  seeds and the gate offsets. A run at one learning rate keeps it in `optim.lr` alone (`Grid.lrs` is
-  then empty); a learning-rate sweep lists them in `Grid.lrs` and `optim.lr` is their first.
+  seeds and the gate offsets. The learning rates are the optimizer's `optim.lr` and, in a learning-rate
+  sweep, the grid's `more_lrs` after it: each rate is held once.
 - `stop` is the sweep's escape and early-stop rule (`sweep.StopRule`; None thresholds: no escape, no
   early stop; an accuracy's thresholds lie in (0, 1]), `eval_n` the examples of the fixed evaluation
   set during training, `lengen_eval_n` those of each length-generalisation set after it (None: `eval_n`).
@@ -45,7 +45,7 @@ class Grid:
     seed: int = 0
     seeds: int = 1
     offsets: tuple = (0.0,)
-    lrs: tuple = ()        # a learning-rate sweep; empty: the one learning rate of the optimizer
+    more_lrs: tuple = ()   # a learning-rate sweep's rates after the optimizer's own; empty: that one alone
 
     def replicas(self, lrs: tuple) -> list:
         return sweep.grid(range(self.seed, self.seed + self.seeds), lrs, self.offsets)
@@ -65,8 +65,8 @@ class RunSpec:
 
     @property
     def lrs(self) -> tuple:
-        """The learning rates of the replicas: the swept grid, else the optimizer's one."""
-        return self.grid.lrs or (self.optim.lr,)
+        """The learning rates of the replicas: the optimizer's, then the grid's further ones."""
+        return (self.optim.lr,) + self.grid.more_lrs
 
     @property
     def replicas(self) -> list:
@@ -101,9 +101,8 @@ class RunSpec:
             raise ConfigError(f"--seeds={g.seeds}: expected >= 1")
         if g.seed < 0:
             raise ConfigError(f"--seed={g.seed}: expected >= 0")
-        if g.lrs and (any(not math.isfinite(v) or v <= 0 for v in g.lrs) or g.lrs[0] != self.optim.lr):
-            raise ConfigError(f"--lr={','.join(f'{v:g}' for v in g.lrs)}: expected positive, finite learning rates, "
-                              f"the first the optimizer's ({self.optim.lr:g})")
+        if any(not math.isfinite(v) or v <= 0 for v in g.more_lrs):
+            raise ConfigError(f"--lr={','.join(f'{v:g}' for v in self.lrs)}: expected positive, finite learning rates")
         if self.eval_n < 1:
             raise ConfigError(f"--eval_n={self.eval_n}: expected >= 1")
         if self.lengen_eval_n is not None and self.lengen_eval_n < 1:

@@ -25,7 +25,7 @@ def c17_cfg():
     opt = optim.OptimCfg(name="adamw", lr=3e-3, total_steps=STEPS, warmup_steps=75, final_lr_frac=0.1,
                          b1=0.9, b2=0.95, weight_decay=0.0, clip_norm=1.0)
     spec = RunSpec(model=model, optim=opt, loop=loop.LoopCfg(steps=STEPS, log_every=250, tensorboard=False),
-                   mesh=mesh.MeshCfg(), grid=Grid(seeds=2, lrs=(3e-3, 1e-2)), stop=sweep.StopRule("accuracy"))
+                   mesh=mesh.MeshCfg(), grid=Grid(seeds=2, more_lrs=(1e-2,)), stop=sweep.StopRule("accuracy"))
     return p2.StateTrackingCfg(data=data, spec=spec, models=("underdamped", "m3_norot", "m3_static"), val_n=512,
                                test_n=2048, test_lens=(224,)).validate()
 

@@ -24,7 +24,7 @@ def tiny_cfg(task="parity", models=("underdamped", "mamba2")):
                                 L_max1=9 if task == "arith" else 8, ramp_steps=4)
     spec = RunSpec(model=model, optim=optim.OptimCfg(name="adamw", lr=1e-2, total_steps=6, warmup_steps=1),
                    loop=loop.LoopCfg(steps=6, log_every=3, tensorboard=False), mesh=mesh.MeshCfg(),
-                   grid=Grid(lrs=(1e-2, 3e-3)), stop=sweep.StopRule("accuracy"))
+                   grid=Grid(more_lrs=(3e-3,)), stop=sweep.StopRule("accuracy"))
     return p2.StateTrackingCfg(data=data, spec=spec, models=models, val_n=16, test_n=24, test_lens=(12, 13)).validate()
 
 

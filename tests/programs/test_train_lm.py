@@ -193,7 +193,7 @@ def test_gate_offset_sweep_through_the_program(tmp_path, capsys):
     spec = RunSpec(model=ModelCfg(block="mamba2", vocab_size=16, d_model=16, n_layers=1, d_state=8, headdim=8),
                    optim=optim.OptimCfg(name="adamw", lr=1e-2, total_steps=6),
                    loop=loop.LoopCfg(steps=6, log_every=2, eval_every=2, tensorboard=False), mesh=mesh.MeshCfg(),
-                   grid=Grid(offsets=(-2.0, 1.0), lrs=(1e-2, 3e-2)),
+                   grid=Grid(offsets=(-2.0, 1.0), more_lrs=(3e-2,)),
                    stop=sweep.StopRule("loss", escape_thr=0.0, stop_thr=0.0))
     cfg = train_lm.TrainLMCfg(task=SyntheticCfg("copy", batch=4, seq_len=9, vocab_size=16), spec=spec,
                               eval_batches=1).validate()

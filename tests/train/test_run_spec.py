@@ -21,7 +21,7 @@ def with_(**changes):
 def test_replicas_are_seeds_by_learning_rates_by_offsets():
     assert [(r.offset, r.lr, r.seed) for r in BASE_SPEC.replicas] == [(-2, 1e-2, 3), (-2, 1e-2, 4), (1, 1e-2, 3),
                                                                  (1, 1e-2, 4)]
-    sweep_lr = with_(grid={"lrs": (1e-2, 3e-2), "seeds": 1})
+    sweep_lr = with_(grid={"more_lrs": (3e-2,), "seeds": 1})
     assert [(r.offset, r.lr) for r in sweep_lr.validate().replicas] == [(-2, 1e-2), (-2, 3e-2), (1, 1e-2), (1, 3e-2)]
     assert BASE_SPEC.lengen_examples == 8 and with_(lengen_eval_n=4).lengen_examples == 4
 
@@ -30,8 +30,7 @@ def test_replicas_are_seeds_by_learning_rates_by_offsets():
     ({"grid": {"seeds": 0}}, "--seeds=0: expected >= 1"),
     ({"grid": {"seed": -1}}, "--seed=-1: expected >= 0"),
     ({"grid": {"offsets": (1.0, 1.0)}}, "--gate_offset=1,1: expected distinct offsets"),
-    ({"grid": {"lrs": (3e-2, 1e-2)}}, "--lr=0.03,0.01: expected positive, finite learning rates, the first the "
-                                      "optimizer's (0.01)"),
+    ({"grid": {"more_lrs": (3e-2, -1.0)}}, "--lr=0.01,0.03,-1: expected positive, finite learning rates"),
     ({"eval_n": 0}, "--eval_n=0: expected >= 1"),
     ({"lengen_eval_n": 0}, "--lengen_eval_n=0: expected >= 1"),
     ({"stop": sweep.StopRule("accuracy", 1.5, None)}, "--escape_thr=1.5: expected a value of accuracy in (0, 1)"),

@@ -124,7 +124,7 @@ class P1ToolsCfg:
             raise ConfigError(dataclass_flags.flag_message(str(e), ToolsCfg, "tools_", TOOLS_FLAGS,
                                                            unmatched="keep")) from None
         model = self.spec.validate().model
-        if self.spec.grid.seeds != 1 or self.spec.grid.lrs:
+        if self.spec.grid.seeds != 1 or self.spec.grid.more_lrs:
             raise ConfigError("p1_tools fine-tunes one seed at one learning rate (protocol §5.2); expected "
                               "--seeds=1 and one --lr")
         if self.tools.tokenizer == "byte" and model.vocab_size < tpr.BYTES.vocab_size:
