@@ -89,13 +89,16 @@ _in("run", flags.DEFINE_integer, "batch", None, "Examples (sequences) per traini
 # --lr is optim.lr, and in a learning-rate sweep Grid.more_lrs after it, in one flag with a grid syntax.
 _in("lr", flags.DEFINE_string, "lr", None, "Learning rate (SGD) or peak learning rate (schedules): one value, or "
     "a grid for the programs that sweep it ('1e-3,3e-3', 'logspace:-4:-2:8').")
-_in("model", flags.DEFINE_string, "preset", None, "A named model of ssmgate.models.presets; model flags override "
-    "its fields; empty: none (how a scale's flag file drops the preset of the paper file it includes).")
+GROUPS["model"] = dataclass_flags.define(RunSpec, skip=_fields_except(RunSpec, "preset"), helps={"preset": (
+    "A named model of ssmgate.models.presets; model flags override its fields; empty: none (how a scale's flag file "
+    "drops the preset of the paper file it includes).")})
 GROUPS["model"] += dataclass_flags.define(ModelCfg)
 GROUPS["optim"] = dataclass_flags.define(optim.OptimCfg, prefix="opt_", skip=("lr", "total_steps"))
-_in("optim", flags.DEFINE_integer, "schedule_steps", 0, "Steps of the learning-rate schedule (warmup, then cosine "
-    "to its floor, flat after); 0: --steps. Rerunning a run with more --steps sets it to the steps the run trained "
-    "with, so the extension keeps that schedule (docs/training.md).")
+GROUPS["optim"] += dataclass_flags.define(optim.OptimCfg, skip=_fields_except(optim.OptimCfg, "total_steps"),
+                                          names={"total_steps": "schedule_steps"}, helps={"total_steps": (
+    "Steps of the learning-rate schedule (warmup, then cosine to its floor, flat after) (default 0 or unset: "
+    "--steps). Rerunning a run with more --steps sets it to the steps the run trained with, so the extension "
+    "keeps that schedule (docs/training.md).")})
 GROUPS["mesh"] = dataclass_flags.define(meshlib.MeshCfg, prefix="mesh_")
 _in("task", flags.DEFINE_string, "task", None, "The program's task (train: copy | recall; p2_state_tracking: "
     "parity | mod3 | arith).")
