@@ -14,6 +14,10 @@ exactly those, and a flag the chosen program does not read is an error.
   `--schedule_steps`; mesh: `--mesh_*`; loop: the loop's cadence, checkpoints and writers.
 - stop: `--escape_thr`, `--stop_thr` (a sweep's escape and early-stop thresholds).
 - eval_sets: `--eval_n`, `--lengen_eval_n`; seq_len, tokenizer and task: the flag of that name.
+
+Each flag is generated from its dataclass field (Grid, LoopCfg, RunSpec, ModelCfg, OptimCfg, MeshCfg,
+StopRule; ssmgate.cli.dataclass_flags) but five declared here: `--batch`, `--task`, `--seq_len` and
+`--tokenizer`, each a field of several programs' task configs, and `--lr`, whose grid spans two fields.
 """
 from __future__ import annotations
 
