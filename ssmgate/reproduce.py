@@ -68,6 +68,10 @@ def read_flags(path: Path) -> dict[str, str]:
     return out
 
 
+# Steps per compiled segment (and its name before the fig1_ prefix): when progress is shown, not a result.
+PACING_FLAGS = ("fig1_segment", "segment")
+
+
 def changes_from_paper(paper: str, run: str, scale: str) -> list[str]:
     """What this scale's flag file sets differently from the paper-scale one."""
     if scale == "paper":
@@ -77,7 +81,7 @@ def changes_from_paper(paper: str, run: str, scale: str) -> list[str]:
     def shown(flags: dict, k: str) -> str:  # an empty value resets what a scale must not inherit (--preset=)
         return "(unset)" if k not in flags else (flags[k] or "(none)")
     return [f"{k}: {shown(ref, k)} -> {shown(mine, k)}"
-            for k in sorted(set(mine) | set(ref)) if mine.get(k) != ref.get(k) and k != "segment"]
+            for k in sorted(set(mine) | set(ref)) if mine.get(k) != ref.get(k) and k not in PACING_FLAGS]
 
 
 def run_one(paper: str, run: str, scale: str, run_dir: Path, env: dict | None = None) -> tuple[bool, float]:

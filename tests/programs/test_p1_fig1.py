@@ -244,6 +244,8 @@ def test_report_gathers_the_panels(tiny_runs, tmp_path):
     root = next(iter(tiny_runs.values()))[0].parent
     runs = {f"fig1{p}": s for p, (_, s) in tiny_runs.items()}
     changes = {r: reproduce.changes_from_paper("p1", r, "cpu") for r in runs}
+    quick = reproduce.changes_from_paper("p1", "fig1b", "quick")  # its segment differs too: pacing, not a change
+    assert "fig1_d: 512 -> 256" in quick and not any("segment" in c for c in quick)
     entry, md = p1_fig1_report.build(runs, "cpu", changes, {r: 1.0 for r in runs}, figure_dir=tmp_path / "figures",
                                      run_root=root)
     assert entry["fig1cd"]["max_abs_diff_to_bayes"] == max(runs["fig1c"]["max_abs_diff_to_bayes"],
