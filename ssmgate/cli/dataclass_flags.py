@@ -56,9 +56,9 @@ def define(cls, *, prefix: str = "", skip=(), helps: dict | None = None, names: 
            choices: dict | None = None, parsers: dict | None = None, module_name: str | None = None) -> list[str]:
     """Defines one flag per field of `cls` (except `skip`); returns the flag names. `helps`: field ->
     help text (the default is appended unless the text states its own); `names`: field -> flag name
-    other than prefix + field; `choices`: field -> the values an enum flag allows; `parsers`: field -> parse(flag, text) of a
-    field with its own syntax; `module_name`: the module the flags belong to (a program's flags
-    module: `--program=NAME --help` lists them as its own), default this one."""
+    other than prefix + field; `choices`: field -> the values an enum flag allows; `parsers`: field ->
+    parse(flag, text) of a field with its own syntax; `module_name`: the module the flags belong to (a
+    program's flags module: `--program=NAME --help` lists them as its own), default this one."""
     hints = typing.get_type_hints(cls)
     out = []
     for field in dataclasses.fields(cls):

@@ -32,8 +32,8 @@ dataclass_flags.define(kv.KVCfg, prefix="kv_", skip=("batch",), names=p1_kv.TASK
 RUN_SKIP = ("kv", "spec")
 RUN_NAMES = {"n_buckets": "kv_buckets"}
 RUN_PARSERS = {"lengen_ns": parse_ints}
-dataclass_flags.define(p1_kv.KVRunCfg, prefix="kv_", skip=RUN_SKIP, names=RUN_NAMES, parsers=RUN_PARSERS, module_name=__name__,
-                       helps={
+dataclass_flags.define(p1_kv.KVRunCfg, prefix="kv_", skip=RUN_SKIP, names=RUN_NAMES, parsers=RUN_PARSERS,
+                       module_name=__name__, helps={
     "n_buckets": "KV task: training length buckets over 1..N (one compiled step each).",
     "lengen_ns": "best_last: pair counts n of the length-generalisation sets evaluated after training (e.g. "
                  "'512,768,1024'); empty = none.",

@@ -94,7 +94,8 @@ class ToolsCfg:
 
 
 # ToolsCfg's fields are --tools_<field> but these (the shared --batch and --tokenizer, two named more plainly).
-TOOLS_FLAGS = {"batch": "batch", "tokenizer": "tokenizer", "weak_k": "tools_weak_eval_k", "data_dir": "tools_bfcl_data_dir"}
+TOOLS_FLAGS = {"batch": "batch", "tokenizer": "tokenizer", "weak_k": "tools_weak_eval_k",
+               "data_dir": "tools_bfcl_data_dir"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,8 @@ dataclass_flags.define(train_lm.TrainLMCfg, prefix="train_", skip=RUN_SKIP, name
                        helps={"eval_batches": "Batches of the fixed evaluation set.",
                               "force_sweep": "Train as a vmapped sweep even with one replica."})
 dataclass_flags.define(sweep.StopRule, skip=("escape_thr", "stop_thr"), names={"metric": "train_stop_metric"},
-                       module_name=__name__, helps={"metric": "Eval metric of the sweep's escape and early-stop rules."})
+                       module_name=__name__,
+                       helps={"metric": "Eval metric of the sweep's escape and early-stop rules."})
 dataclass_flags.keep_old_names({"eval_batches": "train_eval_batches", "sweep": "train_sweep",  # names before the
                                 "stop_metric": "train_stop_metric"}, __name__)                 # prefix, still read
 
