@@ -258,10 +258,11 @@ def _optim(cfg):
 
 
 def _on_schedule(cfg, steps: int):
-    """cfg with its run spec's optimizer on a schedule of `steps` steps."""
+    """cfg (validated) with its run spec's optimizer on a schedule of `steps` >= 1 steps: nothing else changes,
+    so it is not validated again."""
     spec = cfg.spec
     return dataclasses.replace(cfg, spec=dataclasses.replace(
-        spec, optim=dataclasses.replace(spec.optim, total_steps=steps))).validate()
+        spec, optim=dataclasses.replace(spec.optim, total_steps=steps)))
 
 
 def _extension(cfg, rd):

@@ -52,18 +52,21 @@ def flag_name(field: str, prefix: str = "", names: dict | None = None) -> str:
     return (names or {}).get(field, prefix + field)
 
 
-def define(cls, *, prefix: str = "", skip=(), helps: dict | None = None, names: dict | None = None,
+def _fields(cls, skip, only) -> list:
+    """cls's fields but `skip`, and only those in `only` when given."""
+    return [f for f in dataclasses.fields(cls) if f.name not in skip and (only is None or f.name in only)]
+
+
+def define(cls, *, prefix: str = "", skip=(), only=None, helps: dict | None = None, names: dict | None = None,
            choices: dict | None = None, parsers: dict | None = None, module_name: str | None = None) -> list[str]:
-    """Defines one flag per field of `cls` (except `skip`); returns the flag names. `helps`: field ->
-    help text (the default is appended unless the text states its own); `names`: field -> flag name
+    """Defines one flag per field of `cls` but `skip` (only those in `only`, when given); returns the flag
+    names. `helps`: field -> help text (the default is appended unless the text states its own); `names`: field -> flag name
     other than prefix + field; `choices`: field -> the values an enum flag allows; `parsers`: field ->
     parse(flag, text) of a field with its own syntax; `module_name`: the module the flags belong to (a
     program's flags module: `--program=NAME --help` lists them as its own), default this one."""
     hints = typing.get_type_hints(cls)
     out = []
-    for field in dataclasses.fields(cls):
-        if field.name in skip:
-            continue
+    for field in _fields(cls, skip, only):
         kind, _ = _kind(hints[field.name])
         default = field.default if field.default is not dataclasses.MISSING else None
         shown = "" if field.default is dataclasses.MISSING else f" (default {_shown(default)})"
@@ -115,13 +118,14 @@ def _parse_own(flag: str, text: str, parse):
         raise ConfigError(str(e) if str(e).startswith(f"--{flag}") else f"--{flag}={text}: {e}") from None
 
 
-def overrides(cls, *, prefix: str = "", skip=(), names: dict | None = None, parsers: dict | None = None) -> dict:
+def overrides(cls, *, prefix: str = "", skip=(), only=None, names: dict | None = None,
+              parsers: dict | None = None) -> dict:
     """The fields whose flags were given (value not None), parsed."""
     hints = typing.get_type_hints(cls)
     out = {}
-    for field in dataclasses.fields(cls):
+    for field in _fields(cls, skip, only):
         name = flag_name(field.name, prefix, names)
-        if field.name in skip or FLAGS[name].value is None:
+        if FLAGS[name].value is None:
             continue
         value, (kind, item) = FLAGS[name].value, _kind(hints[field.name])
         if field.name in (parsers or {}):

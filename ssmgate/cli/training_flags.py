@@ -43,10 +43,6 @@ def _in(group: str, define, name: str, *args, **kwargs) -> None:
     GROUPS.setdefault(group, []).append(name)
 
 
-def _fields_except(cls, *keep: str) -> tuple:
-    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in keep)
-
-
 def _offsets(flag: str, text: str) -> tuple[float, ...]:
     """Gate offsets in order; an item 'ln:s' is ln s (P1's gate scale s). Whether they are distinct,
     finite and allowed for the model is RunSpec.validate's check (sweep_results.check_offsets)."""
@@ -79,26 +75,26 @@ def _step_range(flag: str, text: str) -> tuple[int, int] | None:
 # The replica grid's flags are Grid's fields but the learning rates (--lr below: one value or a grid).
 GRID_NAMES = {"offsets": "gate_offset"}
 GRID_PARSERS = {"offsets": _offsets}
-GROUPS["run"] = dataclass_flags.define(Grid, skip=_fields_except(Grid, "seed"), helps={"seed": "First seed."})
-GROUPS["seeds"] = dataclass_flags.define(Grid, skip=_fields_except(Grid, "seeds"), helps={
+GROUPS["run"] = dataclass_flags.define(Grid, only=("seed",), helps={"seed": "First seed."})
+GROUPS["seeds"] = dataclass_flags.define(Grid, only=("seeds",), helps={
     "seeds": "Seeds per grid point (seed, seed + 1, ...)."})
-GROUPS["gate_offset"] = dataclass_flags.define(Grid, skip=_fields_except(Grid, "offsets"), names=GRID_NAMES,
+GROUPS["gate_offset"] = dataclass_flags.define(Grid, only=("offsets",), names=GRID_NAMES,
                                                parsers=GRID_PARSERS, helps={"offsets": (
     "Gate offset delta (Mamba-2: A_log += delta at initialisation): one value or a grid ('-6,-2,0,2'), one "
     "replica each; an item 'ln:s' is the offset of P1's gate scale s (delta = ln s).")})
-GROUPS["run"] += dataclass_flags.define(loop.LoopCfg, skip=_fields_except(loop.LoopCfg, "steps"), helps={
+GROUPS["run"] += dataclass_flags.define(loop.LoopCfg, only=("steps",), helps={
     "steps": "Training steps (a cap where runs stop early)."})
 # --batch is a field of every task's config (KVCfg, HornCfg, ToolsCfg, ...): one flag, declared here.
 _in("run", flags.DEFINE_integer, "batch", None, "Examples (sequences) per training step.")
 # --lr is optim.lr, and in a learning-rate sweep Grid.more_lrs after it, in one flag with a grid syntax.
 _in("lr", flags.DEFINE_string, "lr", None, "Learning rate (SGD) or peak learning rate (schedules): one value, or "
     "a grid for the programs that sweep it ('1e-3,3e-3', 'logspace:-4:-2:8').")
-GROUPS["model"] = dataclass_flags.define(RunSpec, skip=_fields_except(RunSpec, "preset"), helps={"preset": (
+GROUPS["model"] = dataclass_flags.define(RunSpec, only=("preset",), helps={"preset": (
     "A named model of ssmgate.models.presets; model flags override its fields; empty: none (how a scale's flag file "
     "drops the preset of the paper file it includes).")})
 GROUPS["model"] += dataclass_flags.define(ModelCfg)
 GROUPS["optim"] = dataclass_flags.define(optim.OptimCfg, prefix="opt_", skip=("lr", "total_steps"))
-GROUPS["optim"] += dataclass_flags.define(optim.OptimCfg, skip=_fields_except(optim.OptimCfg, "total_steps"),
+GROUPS["optim"] += dataclass_flags.define(optim.OptimCfg, only=("total_steps",),
                                           names={"total_steps": "schedule_steps"}, helps={"total_steps": (
     "Steps of the learning-rate schedule (warmup, then cosine to its floor, flat after) (default 0 or unset: "
     "--steps). Rerunning a run with more --steps sets it to the steps the run trained with, so the extension "
@@ -128,8 +124,8 @@ GROUPS["stop"] = dataclass_flags.define(sweep.StopRule, skip=STOP_SKIP, helps={
     "stop_thr": "Sweep: a replica stops (is frozen) once the stop metric reaches this (the program's default, "
                 "None: no early stop).",
 })
-EVAL_SKIP = tuple(f.name for f in dataclasses.fields(RunSpec) if f.name not in ("eval_n", "lengen_eval_n"))
-GROUPS["eval_sets"] = dataclass_flags.define(RunSpec, skip=EVAL_SKIP, helps={
+EVAL_FIELDS = ("eval_n", "lengen_eval_n")
+GROUPS["eval_sets"] = dataclass_flags.define(RunSpec, only=EVAL_FIELDS, helps={
     "eval_n": "Examples of the fixed evaluation set (own seed).",
     "lengen_eval_n": "Examples per length-generalisation set (None: --eval_n).",
 })
@@ -211,7 +207,7 @@ def grid(more_lrs: tuple = ()) -> Grid:
     """The replica grid of --seed, --seeds and --gate_offset (Grid's defaults where not given), sweeping the
     optimizer's learning rate and `more_lrs`."""
     return dataclasses.replace(Grid(more_lrs=more_lrs), **dataclass_flags.overrides(
-        Grid, skip=("more_lrs",), names=GRID_NAMES, parsers=GRID_PARSERS))
+        Grid, only=("seed", "seeds", "offsets"), names=GRID_NAMES, parsers=GRID_PARSERS))
 
 
 def run_spec(program: str, *, metric: str, escape_thr: float | None = None, stop_thr: float | None = None,
@@ -229,4 +225,4 @@ def run_spec(program: str, *, metric: str, escape_thr: float | None = None, stop
                    loop=loop_cfg(steps, name=loop_name or program),
                    mesh=mesh_cfg(), grid=grid(tuple(lrs[1:])),
                    stop=stop, preset=preset())
-    return dataclasses.replace(spec, **dataclass_flags.overrides(RunSpec, skip=EVAL_SKIP))
+    return dataclasses.replace(spec, **dataclass_flags.overrides(RunSpec, only=EVAL_FIELDS))

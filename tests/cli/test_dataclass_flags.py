@@ -88,3 +88,10 @@ def test_a_validate_message_that_names_its_flag_is_kept():
     assert dataclass_flags.flag_message("--other=1: no", Demo, "dctest_", NAMES) == "--other=1: no"
     assert dataclass_flags.flag_message("Demo.count=0: no", Demo, "dctest_", NAMES) == "--dctest_n=0: no"
     assert dataclass_flags.flag_message("odd", Demo) == "Demo: odd"
+
+
+def test_only_names_the_fields_read():
+    with flagsaver.flagsaver():
+        FLAGS["dctest_n"].parse("7")
+        FLAGS["dctest_sizes"].parse("9")
+        assert dataclass_flags.overrides(Demo, prefix="dctest_", names=NAMES, only=("count",)) == {"count": 7}

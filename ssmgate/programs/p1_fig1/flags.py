@@ -58,7 +58,7 @@ dataclass_flags.keep_old_names({old: PREFIX + old for old in (
 
 FLAGS = flags.FLAGS
 GROUPS_READ = ("run", "seeds", "lr")
-REQUIRED = ("fig1_panel", "fig1_d", "fig1_ell", "fig1_query_distance", "lr", "batch", "steps")
+REQUIRED = ("lr", "batch", "steps")   # the run's; ToyGateCfg's own fields without a default: build() requires them
 
 
 def config_from_flags() -> p1_fig1.ToyGateCfg:

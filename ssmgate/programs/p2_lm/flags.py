@@ -83,8 +83,8 @@ dataclass_flags.define(LongEvalCfg, prefix=PREFIX, skip=EVAL_SKIP, names=EVAL_NA
     "bucket_width": "Positions per bucket of --lm_bucket_row_len rows.",
 })
 RUN_SKIP = ("text", "long_eval", "spec", "official_gate")
-RUN_PARSERS = {"init_official": _path}
-dataclass_flags.define(p2_lm.P2LMCfg, prefix=PREFIX, skip=RUN_SKIP, parsers=RUN_PARSERS, module_name=__name__, helps={
+dataclass_flags.define(p2_lm.P2LMCfg, prefix=PREFIX, skip=RUN_SKIP, parsers={"init_official": _path},
+                       module_name=__name__, helps={
     "variant": "The report's name of this model (e.g. rotation, no_rotation).",
     "init_official": "Evaluate an official Mamba-3 checkpoint: its safetensors file or folder with upstream's "
                      "config.json beside it, which gives the model (model flags given must agree; --a_activation is "
@@ -130,8 +130,8 @@ def config_from_flags() -> p2_lm.P2LMCfg:
     spec = RunSpec(model=model, optim=tf.optim_cfg(lr, steps or 1), mesh=tf.mesh_cfg(), grid=Grid(seed=seed),
                    loop=None if official else tf.loop_cfg(steps, name="p2_lm"), preset=tf.preset())
     cfg = dataclass_flags.build(p2_lm.P2LMCfg, p2_lm.P2LMCfg(text=text, long_eval=long_eval, spec=spec,
-                                                             official_gate=gate), prefix=PREFIX,
-                                skip=RUN_SKIP, parsers=RUN_PARSERS)
+                                                             init_official=official, official_gate=gate),
+                                prefix=PREFIX, skip=RUN_SKIP + ("init_official",))
     if not official and not _dry_run():  # a dry run describes flag files whose corpus is not here
         _check_train_split(cfg.text)
     return cfg
